@@ -1,0 +1,103 @@
+"""hvp, hessian, cg_solve and the top-eigenvalue routine against explicit constructions."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from metalearn import cg_solve, hessian, hvp, lanczos_eigenvalues, top_hessian_eigenvalue
+
+
+def nonquadratic(params):
+    return jnp.sum(jnp.sin(params["a"]) * params["b"] ** 2) + jnp.sum(params["a"] ** 4)
+
+
+def test_hvp_equals_full_hessian_times_vector():
+    x = jax.random.normal(jax.random.key(0), (5,))
+    v = jax.random.normal(jax.random.key(1), (5,))
+    f = lambda z: jnp.sum(jnp.sin(z) * z**2) + (z @ z) ** 2  # noqa: E731
+    np.testing.assert_allclose(hvp(f, x, v), hessian(f)(x) @ v, rtol=1e-5, atol=1e-5)
+
+
+def test_hvp_on_pytree_matches_flattened_hessian():
+    params = {"a": jnp.array([0.3, -1.2]), "b": jnp.array([0.7, 2.0])}
+    v = {"a": jnp.array([1.0, -0.5]), "b": jnp.array([0.25, 2.0])}
+    flat, unravel = jax.flatten_util.ravel_pytree(params)
+    full = jax.hessian(lambda z: nonquadratic(unravel(z)))(flat)
+    want = full @ jax.flatten_util.ravel_pytree(v)[0]
+    got = jax.flatten_util.ravel_pytree(hvp(nonquadratic, params, v))[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_hessian_of_squared_norm_is_twice_identity():
+    np.testing.assert_allclose(hessian(lambda x: x @ x)(jnp.arange(4.0)), 2 * np.eye(4))
+
+
+def test_chained_derivatives_of_cubic():
+    f = lambda x: x**3 + 2 * x**2 - 3 * x + 1  # noqa: E731
+    derivatives = [jax.grad(f)]
+    for _ in range(3):
+        derivatives.append(jax.grad(derivatives[-1]))
+    assert [float(d(1.0)) for d in derivatives] == [4.0, 10.0, 6.0, 0.0]
+
+
+def test_lanczos_finds_top_eigenvalue_of_known_matrix():
+    rng = np.random.default_rng(0)
+    q, _ = np.linalg.qr(rng.normal(size=(30, 30)))
+    eigenvalues = np.linspace(-2.0, 9.0, 30)
+    a = jnp.asarray(q @ np.diag(eigenvalues) @ q.T, jnp.float32)
+    ritz = lanczos_eigenvalues(lambda v: a @ v, jnp.ones(30), num_iters=30)
+    np.testing.assert_allclose(ritz, eigenvalues, atol=1e-3)
+
+
+def test_top_hessian_eigenvalue_on_pytree_quadratic():
+    rng = np.random.default_rng(1)
+    q, _ = np.linalg.qr(rng.normal(size=(12, 12)))
+    h = jnp.asarray(q @ np.diag(np.arange(1.0, 13.0)) @ q.T, jnp.float32)
+
+    def f(params):
+        z = jnp.concatenate([params["w"].ravel(), params["b"]])
+        return 0.5 * z @ h @ z
+
+    params = {"w": jnp.ones((2, 5)), "b": jnp.zeros(2)}
+    top = top_hessian_eigenvalue(f, params, jax.random.key(0), num_iters=12)
+    np.testing.assert_allclose(top, 12.0, rtol=1e-4)
+
+
+def test_cg_solves_known_spd_system():
+    rng = np.random.default_rng(2)
+    m = rng.normal(size=(20, 20))
+    a = jnp.asarray(m @ m.T + 20 * np.eye(20), jnp.float32)
+    b = jnp.asarray(rng.normal(size=20), jnp.float32)
+    result = cg_solve(lambda v: a @ v, b, max_iters=50, tol=1e-7)
+    np.testing.assert_allclose(result.x, np.linalg.solve(a, b), rtol=1e-4, atol=1e-5)
+    assert int(result.iterations) <= 50
+
+
+def test_cg_with_hvp_on_pytree_solves_imaml_system():
+    # (I + H / lam) x = g with H the Hessian of a pytree-valued quadratic.
+    diag = {"a": jnp.array([1.0, 2.0]), "b": jnp.array([[3.0, 4.0]])}
+
+    def f(p):
+        return 0.5 * sum(jnp.sum(diag[name] * p[name] ** 2) for name in diag)
+
+    params = {"a": jnp.ones(2), "b": jnp.ones((1, 2))}
+    g = {"a": jnp.array([1.0, -1.0]), "b": jnp.array([[2.0, 0.5]])}
+    lam = 2.0
+    matvec = lambda v: jax.tree_util.tree_map(  # noqa: E731
+        lambda vi, hvi: vi + hvi / lam, v, hvp(f, params, v)
+    )
+    got = cg_solve(matvec, g, max_iters=10).x
+    want = jax.tree_util.tree_map(lambda gi, di: gi / (1 + di / lam), g, diag)
+    chex.assert_trees_all_close(got, want, rtol=1e-5)
+
+
+def test_curvature_tools_under_jit_and_vmap():
+    xs = jax.random.normal(jax.random.key(3), (4, 3))
+    vs = jax.random.normal(jax.random.key(4), (4, 3))
+    f = lambda z: jnp.sum(z**3)  # noqa: E731
+    batched = jax.jit(jax.vmap(lambda x, v: hvp(f, x, v)))(xs, vs)
+    np.testing.assert_allclose(batched, 6 * xs * vs, rtol=1e-5)
+    a = jnp.diag(jnp.array([2.0, 3.0, 4.0]))
+    solve = jax.jit(jax.vmap(lambda b: cg_solve(lambda v: a @ v, b, max_iters=5).x))
+    np.testing.assert_allclose(solve(xs), xs / jnp.array([2.0, 3.0, 4.0]), rtol=1e-5)
