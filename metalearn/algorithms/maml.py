@@ -1,0 +1,103 @@
+"""MAML (Finn et al. 2017) and first-order MAML, from :func:`metalearn.core.adapt`."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+from metalearn.algorithms.base import MetaLearner, evaluate_trajectory, sgd_trajectory_fn
+from metalearn.core import adapt
+from metalearn.data.task import Task
+from metalearn.models.base import Model
+from metalearn.registry import ALGORITHMS
+
+
+@dataclasses.dataclass
+class MAMLConfig:
+    name: str = "maml"
+    inner_lr: float = 0.01
+    num_steps: int = 1
+    first_order: bool = False
+    remat: bool = False
+
+
+@dataclasses.dataclass
+class FOMAMLConfig(MAMLConfig):
+    name: str = "fomaml"
+    first_order: bool = True
+
+
+def check_inner_loop_settings(inner_lr: float, num_steps: int) -> None:
+    if not inner_lr > 0:
+        raise ValueError(f"algorithm.inner_lr must be > 0, got {inner_lr}")
+    if num_steps < 1:
+        raise ValueError(f"algorithm.num_steps must be >= 1, got {num_steps}")
+
+
+@ALGORITHMS.register("maml", MAMLConfig)
+def maml(
+    model: Model,
+    *,
+    inner_lr: float = 0.01,
+    num_steps: int = 1,
+    first_order: bool = False,
+    remat: bool = False,
+) -> MetaLearner:
+    """MAML: meta-learn an initialisation that adapts in ``num_steps`` SGD steps.
+
+    The meta-parameters are the model parameters. ``first_order=True`` is FOMAML.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from metalearn.data.sinusoid import sinusoid
+    >>> from metalearn.models.base import model_from_flax
+    >>> from metalearn.models.mlp import MLP
+    >>> model = model_from_flax(MLP((40, 40), 1), (1,), "regression")
+    >>> learner = maml(model, inner_lr=0.01)
+    >>> meta_params = learner.init(jax.random.key(0), model.init(jax.random.key(1)))
+    >>> tasks = sinusoid()
+    >>> task = tasks.sample(tasks.splits["train"], jax.random.key(2), 10)
+    >>> grads, metrics = learner.task_grad(meta_params, task, 0.0)
+    >>> sorted(metrics), learner.evaluate(meta_params, task, (0, 1, 5))["mse"].shape
+    (['mse'], (3,))
+    """
+    check_inner_loop_settings(inner_lr, num_steps)
+
+    def init(key, model_params):
+        del key
+        return model_params
+
+    def adapt_params(params, support, steps=num_steps):
+        return adapt(
+            model.loss_fn,
+            params,
+            support,
+            inner_lr=inner_lr,
+            num_steps=steps,
+            first_order=first_order,
+            remat=remat,
+        )
+
+    def task_grad(params, task: Task, progress):
+        del progress
+
+        def query_loss(p):
+            adapted = adapt_params(p, task.support)
+            outputs = model.apply(adapted, task.query[0])
+            return model.loss(outputs, task.query[1]), model.metrics(outputs, task.query[1])
+
+        (_, metrics), grads = jax.value_and_grad(query_loss, has_aux=True)(params)
+        return grads, metrics
+
+    def evaluate(params, task: Task, steps):
+        return evaluate_trajectory(model, sgd_trajectory_fn(model, params, inner_lr), task, steps)
+
+    return MetaLearner(init, task_grad, evaluate, adapt_params)
+
+
+@ALGORITHMS.register("fomaml", FOMAMLConfig)
+def fomaml(model: Model, *, inner_lr=0.01, num_steps=1, first_order=True, remat=False):
+    """First-order MAML: :func:`maml` with gradients stopped through the inner gradients."""
+    if not first_order:
+        raise ValueError("algorithm=fomaml is first order; use algorithm=maml for second order")
+    return maml(model, inner_lr=inner_lr, num_steps=num_steps, first_order=True, remat=remat)
