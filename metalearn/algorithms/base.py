@@ -1,4 +1,4 @@
-"""The meta-learner interface every algorithm returns, and shared evaluation helpers."""
+"""The meta-learner interface every algorithm returns, and helpers the algorithms share."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from metalearn.core import adapt_trajectory
 from metalearn.data.task import Task
@@ -37,21 +38,95 @@ class MetaLearner(NamedTuple):
     adapt: Callable[[PyTree, Any, int], PyTree]
 
 
+# --- config checks: each raises ValueError naming the key, as ``algorithm.<key>`` -------------
+
+
+def check_positive(key: str, value: float) -> None:
+    if isinstance(value, bool) or not value > 0:
+        raise ValueError(f"algorithm.{key} must be > 0, got {value!r}")
+
+
+def check_nonnegative(key: str, value: float) -> None:
+    if isinstance(value, bool) or not value >= 0:
+        raise ValueError(f"algorithm.{key} must be >= 0, got {value!r}")
+
+
+def check_fraction(key: str, value: float) -> None:
+    if isinstance(value, bool) or not 0 <= value <= 1:
+        raise ValueError(f"algorithm.{key} must be in [0, 1], got {value!r}")
+
+
+def check_count(key: str, value: int, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"algorithm.{key} must be an integer >= {minimum}, got {value!r}")
+
+
+def check_choice(key: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"algorithm.{key} must be one of {list(choices)}, got {value!r}")
+
+
+def check_inner_loop_settings(inner_lr: float, num_steps: int) -> None:
+    """``inner_lr > 0`` and an integer ``num_steps >= 1``."""
+    check_positive("inner_lr", inner_lr)
+    check_count("num_steps", num_steps)
+
+
+# --- parameter paths -----------------------------------------------------------------------
+
+
+def path_name(path: tuple) -> str:
+    """``"hidden_0/kernel"`` for the key path of a leaf in a nested-dict (or list) pytree."""
+    parts = []
+    for entry in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(entry, attr):
+                parts.append(str(getattr(entry, attr)))
+                break
+        else:
+            parts.append(str(entry))
+    return "/".join(parts)
+
+
+def named_leaves(tree: PyTree) -> dict[str, jax.Array]:
+    """A flat ``{path_name: leaf}`` dict of ``tree`` (insertion order = tree order)."""
+    return {path_name(p): leaf for p, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def split_top_level(params: PyTree, names: Sequence[str]) -> tuple[dict, dict]:
+    """``(selected, rest)``: the top-level entries of dict ``params`` named in ``names``, and the
+    others. Raises ValueError if a name is missing."""
+    missing = [n for n in names if n not in params]
+    if missing:
+        raise ValueError(
+            f"parameter entries {missing} not found; the top-level entries are {list(params)}"
+        )
+    selected = {k: v for k, v in params.items() if k in names}
+    rest = {k: v for k, v in params.items() if k not in names}
+    return selected, rest
+
+
+# --- evaluation ------------------------------------------------------------------------------
+
+
 def evaluate_trajectory(
     model: Model,
     meta_params_to_trajectory: Callable[[Any, int], PyTree],
     task: Task,
     steps: Sequence[int],
+    to_model_params: Callable[[PyTree], PyTree] = lambda p: p,
 ) -> Metrics:
     """Query metrics at each step count in ``steps`` along one inner-loop trajectory.
 
     ``meta_params_to_trajectory(support, num_steps)`` returns stacked parameters with a leading
     axis of ``num_steps + 1`` (as :func:`metalearn.core.adapt_trajectory` does).
+    ``to_model_params`` maps one (unstacked) entry of the trajectory to model parameters, e.g.
+    to put an adapted head back on a shared body (ANIL) without stacking the body.
     """
     steps = tuple(int(s) for s in steps)
     trajectory = meta_params_to_trajectory(task.support, max(max(steps), 1))
     picked = jax.tree_util.tree_map(lambda t: t[jnp.asarray(steps)], trajectory)
-    return jax.vmap(lambda p: model.metrics_fn(p, task.query))(picked)
+    return jax.vmap(lambda p: model.metrics_fn(to_model_params(p), task.query))(picked)
 
 
 def sgd_trajectory_fn(model: Model, params: PyTree, inner_lr: float | PyTree):
@@ -63,3 +138,40 @@ def sgd_trajectory_fn(model: Model, params: PyTree, inner_lr: float | PyTree):
         )
 
     return trajectory
+
+
+def query_metrics(model: Model, params: PyTree, task: Task) -> tuple[jax.Array, Metrics]:
+    """``(loss, metrics)`` of ``params`` on the query set, from one forward pass."""
+    outputs = model.apply(params, task.query[0])
+    return model.loss(outputs, task.query[1]), model.metrics(outputs, task.query[1])
+
+
+# --- the outer learning rate some algorithms prescribe --------------------------------------
+
+
+def algorithm_lr_schedule(
+    algorithm_config: Any, learning_rate: float, num_steps: int
+) -> optax.Schedule | None:
+    """The meta learning-rate schedule an algorithm's config prescribes, or None.
+
+    Algorithms whose config has ``meta_lr_schedule = "cosine"`` (MAML++) train with a cosine
+    decay from ``learning_rate`` to ``learning_rate * meta_lr_final_fraction`` over
+    ``num_steps`` meta-steps; the runner uses this schedule in place of its own. ``None``
+    (every other algorithm, or ``meta_lr_schedule = "optimizer"``) leaves the choice to the
+    optimiser config.
+
+    >>> from metalearn.algorithms.mamlpp import MAMLPPConfig
+    >>> schedule = algorithm_lr_schedule(MAMLPPConfig(), 1e-3, 100)
+    >>> round(float(schedule(0)), 8), round(float(schedule(100)), 8)
+    (0.001, 1e-05)
+    >>> from metalearn.algorithms.maml import MAMLConfig
+    >>> algorithm_lr_schedule(MAMLConfig(), 1e-3, 100) is None
+    True
+    """
+    kind = getattr(algorithm_config, "meta_lr_schedule", "optimizer")
+    if kind == "optimizer":
+        return None
+    if kind == "cosine":
+        final = getattr(algorithm_config, "meta_lr_final_fraction", 0.0)
+        return optax.cosine_decay_schedule(learning_rate, max(int(num_steps), 1), alpha=final)
+    raise ValueError(f"algorithm.meta_lr_schedule must be 'cosine' or 'optimizer', got {kind!r}")

@@ -6,7 +6,13 @@ import dataclasses
 
 import jax
 
-from metalearn.algorithms.base import MetaLearner, evaluate_trajectory, sgd_trajectory_fn
+from metalearn.algorithms.base import (
+    MetaLearner,
+    check_inner_loop_settings,
+    evaluate_trajectory,
+    query_metrics,
+    sgd_trajectory_fn,
+)
 from metalearn.core import adapt
 from metalearn.data.task import Task
 from metalearn.models.base import Model
@@ -26,13 +32,6 @@ class MAMLConfig:
 class FOMAMLConfig(MAMLConfig):
     name: str = "fomaml"
     first_order: bool = True
-
-
-def check_inner_loop_settings(inner_lr: float, num_steps: int) -> None:
-    if not inner_lr > 0:
-        raise ValueError(f"algorithm.inner_lr must be > 0, got {inner_lr}")
-    if num_steps < 1:
-        raise ValueError(f"algorithm.num_steps must be >= 1, got {num_steps}")
 
 
 @ALGORITHMS.register("maml", MAMLConfig)
@@ -82,9 +81,7 @@ def maml(
         del progress
 
         def query_loss(p):
-            adapted = adapt_params(p, task.support)
-            outputs = model.apply(adapted, task.query[0])
-            return model.loss(outputs, task.query[1]), model.metrics(outputs, task.query[1])
+            return query_metrics(model, adapt_params(p, task.support), task)
 
         (_, metrics), grads = jax.value_and_grad(query_loss, has_aux=True)(params)
         return grads, metrics
