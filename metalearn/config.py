@@ -1,0 +1,202 @@
+"""Structured configs: the schema Hydra validates every composed config against.
+
+The top level (:class:`Config`) is typed here; the ``algorithm``, ``model`` and ``data`` groups
+are typed by the dataclasses their entries register in :mod:`metalearn.registry`, stored in
+Hydra's ConfigStore as ``<group>/<name>_schema``. So a wrong type or an unknown key fails at
+composition, with Hydra's message naming the key. :func:`validate` then checks values
+(positive rates, sensible step counts, a writable output directory) before anything compiles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from hydra.experimental.callback import Callback
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+import metalearn.algorithms  # noqa: F401  (registers algorithms)
+import metalearn.data  # noqa: F401  (registers task distributions)
+import metalearn.models  # noqa: F401  (registers models)
+from metalearn.registry import ALGORITHMS, MODELS, TASKS, Registry
+
+
+@dataclasses.dataclass
+class OptimizerConfig:
+    """The outer (meta) optimiser, built with optax."""
+
+    name: str = "adam"  # adam | adamw | sgd
+    lr: float = 1e-3
+    schedule: str = "constant"  # constant | cosine (cosine decays to lr * final_lr_fraction)
+    final_lr_fraction: float = 0.0
+    warmup_steps: int = 0
+    weight_decay: float = 0.0  # adamw only
+    momentum: float = 0.0  # sgd only
+    grad_clip_norm: float = 0.0  # 0 disables clipping
+
+
+@dataclasses.dataclass
+class TrainerConfig:
+    """The training loop."""
+
+    num_steps: int = 70_000
+    meta_batch_size: int = 25
+    shots: int = 10  # support examples per class (per task for regression) during training
+    task_batching: str = "auto"  # auto | vmap | unroll | map: how tasks in a meta-batch run
+    steps_per_call: int = 100  # meta-steps fused into one jitted call (lax.scan); 1 disables
+    log_every: int = 1000
+    eval_every: int = 10_000  # 0: evaluate only at the end
+    checkpoint_every: int = 10_000
+    keep_checkpoints: int = 2
+    resume: bool = True  # continue from the latest checkpoint in the run directory
+    progress_bar: str = "auto"  # auto (a TTY gets a bar) | bar | lines
+
+
+@dataclasses.dataclass
+class EvalConfig:
+    """Held-out evaluation: mean and 95% confidence interval over ``num_tasks`` tasks."""
+
+    shots: list[int] = dataclasses.field(default_factory=lambda: [5, 10, 20])
+    steps: list[int] = dataclasses.field(default_factory=lambda: [0, 1, 5, 10])
+    num_tasks: int = 600
+    val_tasks: int = 200  # tasks of the validation split in each periodic evaluation
+    tasks_per_call: int = 100  # tasks evaluated per jitted call
+    seed: int = 1_000_003  # evaluation tasks come from this seed, never the training seed
+    select_best: bool = True  # test the parameters that did best on the validation split
+
+
+@dataclasses.dataclass
+class Config:
+    algorithm: Any = MISSING
+    model: Any = MISSING
+    data: Any = MISSING
+    optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
+    eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+    seed: int = 0
+    name: str = "run"
+
+
+GROUPS: dict[str, Registry] = {"algorithm": ALGORITHMS, "model": MODELS, "data": TASKS}
+
+
+def register_configs() -> None:
+    """Store the top-level schema and one schema per registered algorithm/model/data entry."""
+    store = ConfigStore.instance()
+    store.store(name="base_config", node=Config)
+    for group, registry in GROUPS.items():
+        for name in registry.names():
+            store.store(group=group, name=f"{name}_schema", node=registry.entry(name).config_cls)
+
+
+def to_objects(cfg: DictConfig) -> Config:
+    """Turn a composed config into plain dataclasses: nothing from OmegaConf reaches jit."""
+    top = Config(
+        algorithm=_group_object("algorithm", cfg.algorithm),
+        model=_group_object("model", cfg.model),
+        data=_group_object("data", cfg.data),
+        optimizer=OmegaConf.to_object(OmegaConf.merge(OptimizerConfig, cfg.optimizer)),
+        trainer=OmegaConf.to_object(OmegaConf.merge(TrainerConfig, cfg.trainer)),
+        eval=OmegaConf.to_object(OmegaConf.merge(EvalConfig, cfg.eval)),
+        seed=int(cfg.seed),
+        name=str(cfg.name),
+    )
+    validate(top)
+    return top
+
+
+def _group_object(group: str, node: DictConfig) -> Any:
+    registry = GROUPS[group]
+    if "name" not in node:
+        raise ValueError(f"{group} config has no 'name'; pick one of {registry.names()}")
+    schema = registry.entry(node.name).config_cls
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), node))
+
+
+TASK_BATCHING = ("auto", "vmap", "unroll", "map")
+OPTIMIZERS = ("adam", "adamw", "sgd")
+SCHEDULES = ("constant", "cosine")
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def validate(cfg: Config) -> None:
+    """Check values the types cannot express; raise ValueError naming the key."""
+    t, o, e = cfg.trainer, cfg.optimizer, cfg.eval
+    _require(t.num_steps >= 1, f"trainer.num_steps must be >= 1, got {t.num_steps}")
+    _require(
+        t.meta_batch_size >= 1, f"trainer.meta_batch_size must be >= 1, got {t.meta_batch_size}"
+    )
+    _require(t.shots >= 1, f"trainer.shots must be >= 1, got {t.shots}")
+    _require(t.steps_per_call >= 1, f"trainer.steps_per_call must be >= 1, got {t.steps_per_call}")
+    for key in ("log_every", "checkpoint_every"):
+        value = getattr(t, key)
+        _require(value >= 1, f"trainer.{key} must be >= 1, got {value}")
+    _require(t.eval_every >= 0, f"trainer.eval_every must be >= 0, got {t.eval_every}")
+    _require(
+        t.keep_checkpoints >= 1, f"trainer.keep_checkpoints must be >= 1, got {t.keep_checkpoints}"
+    )
+    _require(
+        t.task_batching in TASK_BATCHING,
+        f"trainer.task_batching must be one of {TASK_BATCHING}, got {t.task_batching!r}",
+    )
+    _require(
+        t.progress_bar in ("auto", "bar", "lines"),
+        f"trainer.progress_bar must be auto, bar or lines, got {t.progress_bar!r}",
+    )
+    _require(o.name in OPTIMIZERS, f"optimizer.name must be one of {OPTIMIZERS}, got {o.name!r}")
+    _require(o.lr > 0, f"optimizer.lr must be > 0, got {o.lr}")
+    _require(
+        o.schedule in SCHEDULES,
+        f"optimizer.schedule must be one of {SCHEDULES}, got {o.schedule!r}",
+    )
+    _require(o.warmup_steps >= 0, f"optimizer.warmup_steps must be >= 0, got {o.warmup_steps}")
+    _require(
+        o.grad_clip_norm >= 0, f"optimizer.grad_clip_norm must be >= 0, got {o.grad_clip_norm}"
+    )
+    _require(
+        0 <= o.final_lr_fraction <= 1,
+        f"optimizer.final_lr_fraction must be in [0, 1], got {o.final_lr_fraction}",
+    )
+    _require(len(e.shots) >= 1 and min(e.shots) >= 1, f"eval.shots must be >= 1, got {e.shots}")
+    _require(len(e.steps) >= 1 and min(e.steps) >= 0, f"eval.steps must be >= 0, got {e.steps}")
+    for key in ("num_tasks", "val_tasks", "tasks_per_call"):
+        value = getattr(e, key)
+        _require(value >= 1, f"eval.{key} must be >= 1, got {value}")
+
+
+def check_writable(directory: str) -> None:
+    """Fail early, with the path in the message, if outputs cannot be written there."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        probe = os.path.join(directory, ".write_test")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as err:
+        raise ValueError(
+            f"output directory {directory!r} is not writable: {err.strerror}"
+        ) from None
+
+
+class CheckOutputDirectory(Callback):
+    """Hydra callback: fail in one line, before Hydra creates it, if the run dir is unwritable."""
+
+    def _check(self, directory: str) -> None:
+        try:
+            check_writable(directory)
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(config.hydra.run.dir)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(config.hydra.sweep.dir)

@@ -1,0 +1,87 @@
+"""Where a run's numbers go: metrics.jsonl, TensorBoard events, and the terminal."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+
+from tensorboardX import SummaryWriter
+from tqdm import tqdm
+
+log = logging.getLogger("metalearn")
+
+
+class MetricsWriter:
+    """Appends one JSON object per logged step to ``metrics.jsonl`` and mirrors scalars to TB.
+
+    On resume, lines from steps after the restored checkpoint are dropped, so the file always
+    describes one consistent run.
+    """
+
+    def __init__(self, workdir: str, resume_step: int = 0):
+        self.path = os.path.join(workdir, "metrics.jsonl")
+        if resume_step > 0 and os.path.exists(self.path):
+            with open(self.path) as f:
+                kept = [line for line in f if _line_step(line) <= resume_step]
+            with open(self.path, "w") as f:
+                f.writelines(kept)
+        elif os.path.exists(self.path):
+            os.remove(self.path)
+        self._file = open(self.path, "a")  # noqa: SIM115  (closed in close())
+        self._tb = SummaryWriter(
+            os.path.join(workdir, "tensorboard"), purge_step=resume_step or None
+        )
+
+    def write(self, record: dict) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        step = record["step"]
+        for name, value in record.items():
+            if isinstance(value, (int, float)) and name != "step":
+                self._tb.add_scalar(name, value, step)
+        for entry in record.get("eval", []):
+            tag = f"{record['split']}/{entry['metric']}/shots{entry['shots']}_steps{entry['steps']}"
+            self._tb.add_scalar(tag, entry["mean"], step)
+
+    def close(self) -> None:
+        self._file.close()
+        self._tb.close()
+
+
+def _line_step(line: str) -> int:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return sys.maxsize  # an unreadable (half-written) line is dropped on resume
+
+
+class Progress:
+    """A progress bar with steps/s and loss on a terminal; plain log lines otherwise."""
+
+    def __init__(self, total: int, initial: int, mode: str):
+        use_bar = mode == "bar" or (mode == "auto" and sys.stderr.isatty())
+        self._bar = (
+            tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True) if use_bar else None
+        )
+        self.total = total
+        self._last_step, self._last_time = initial, time.perf_counter()
+
+    def update(self, step: int, metrics: dict[str, float]) -> float:
+        """Report progress up to ``step``; returns steps/s since the previous update."""
+        now = time.perf_counter()
+        rate = (step - self._last_step) / max(now - self._last_time, 1e-9)
+        self._last_step, self._last_time = step, now
+        summary = " ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+        if self._bar is not None:
+            self._bar.set_postfix_str(summary, refresh=False)
+            self._bar.update(step - self._bar.n)
+        else:
+            log.info("step %d/%d | %s | %.1f steps/s", step, self.total, summary, rate)
+        return rate
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()

@@ -1,0 +1,86 @@
+"""Gather a sweep's eval.json files into one table.
+
+    python scripts/collect_sweep.py multirun/sinusoid_maml/2026-11-21_10-00-00 [--csv out.csv]
+
+Each run directory's overrides (from ``.hydra/overrides.yaml``) become columns, then one row per
+evaluation record (metric, ways, shots, steps, mean, ci95, tasks). Run directories without an
+``eval.json`` (unfinished or failed runs) are listed at the end, not silently dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+RECORD_COLUMNS = ["metric", "ways", "shots", "steps", "mean", "ci95", "nonfinite", "tasks"]
+
+
+def run_overrides(run_dir: Path) -> dict[str, str]:
+    path = run_dir / ".hydra" / "overrides.yaml"
+    if not path.exists():
+        return {}
+    overrides = {}
+    for item in yaml.safe_load(path.read_text()) or []:
+        key, _, value = item.partition("=")
+        if key.lstrip("+") not in ("experiment", "debug", "hydra.run.dir", "hydra.sweep.dir"):
+            overrides[key] = value
+    return overrides
+
+
+def collect(sweep_dir: Path) -> tuple[list[dict], list[Path]]:
+    rows, unfinished = [], []
+    run_dirs = sorted({p.parent for p in sweep_dir.rglob(".hydra")})
+    for run_dir in run_dirs:
+        eval_path = run_dir / "eval.json"
+        if not eval_path.exists():
+            unfinished.append(run_dir)
+            continue
+        overrides = run_overrides(run_dir)
+        for record in json.loads(eval_path.read_text()):
+            rows.append({"run": run_dir.name, **overrides, **record})
+    return rows, unfinished
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sweep_dir", type=Path)
+    parser.add_argument("--csv", type=Path, default=None, help="also write the table as CSV")
+    args = parser.parse_args(argv)
+    if not args.sweep_dir.is_dir():
+        print(f"error: {args.sweep_dir} is not a directory", file=sys.stderr)
+        return 2
+    rows, unfinished = collect(args.sweep_dir)
+    if not rows:
+        print(f"error: no eval.json under {args.sweep_dir}", file=sys.stderr)
+        return 1
+    override_keys = sorted({k for r in rows for k in r} - set(RECORD_COLUMNS) - {"run"})
+    columns = ["run", *override_keys, *[c for c in RECORD_COLUMNS if any(c in r for r in rows)]]
+    widths = {c: max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns}
+    print("  ".join(c.ljust(widths[c]) for c in columns))
+    for r in rows:
+        print("  ".join(_fmt(r.get(c)).ljust(widths[c]) for c in columns))
+    for run_dir in unfinished:
+        print(f"unfinished (no eval.json): {run_dir}")
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+    return 0
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return str(value)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

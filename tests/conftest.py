@@ -1,0 +1,53 @@
+"""Shared fixtures: composing configs the way `python -m metalearn.train` does."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+# One persistent XLA compilation cache for the whole suite (subprocesses inherit it): the many
+# tiny runs compile the same meta-steps, and reusing them keeps the suite within minutes.
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "metalearn-tests-jax-cache")
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from metalearn.train import CONF_DIR
+
+EXPERIMENTS = sorted(
+    f[: -len(".yaml")]
+    for f in os.listdir(os.path.join(CONF_DIR, "experiment"))
+    if f.endswith(".yaml")
+)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", help="also run tests marked slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--runslow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --runslow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+def compose_config(overrides: list[str]) -> DictConfig:
+    """Compose like the CLI (Hydra resolvers included), return the config without `hydra`."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)
+        with open_dict(cfg):
+            del cfg["hydra"]
+        OmegaConf.resolve(cfg)
+    return cfg

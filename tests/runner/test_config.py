@@ -1,0 +1,104 @@
+"""Every experiment composes; bad config values fail early with a message naming the key."""
+
+import subprocess
+import sys
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from metalearn.config import to_objects
+from metalearn.runner.experiment import build_experiment
+from tests.conftest import EXPERIMENTS, compose_config
+
+
+def test_there_are_experiments():
+    assert "sinusoid_maml" in EXPERIMENTS
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_and_validates(experiment):
+    cfg = to_objects(compose_config([f"+experiment={experiment}"]))
+    assert cfg.trainer.num_steps >= 1
+    assert cfg.algorithm.name and cfg.model.name and cfg.data.name
+
+
+def test_sinusoid_maml_is_the_papers_setup():
+    cfg = to_objects(compose_config(["+experiment=sinusoid_maml"]))
+    assert cfg.data.amplitude_range == [0.1, 5.0]
+    assert cfg.data.phase_range == pytest.approx([0.0, 3.14159265])
+    assert cfg.data.input_range == [-5.0, 5.0]
+    assert cfg.model.hidden_sizes == [40, 40] and cfg.model.activation == "relu"
+    assert (cfg.trainer.shots, cfg.data.num_queries) == (10, 10)
+    assert (cfg.algorithm.inner_lr, cfg.algorithm.num_steps) == (0.01, 1)
+    assert not cfg.algorithm.first_order
+    assert (cfg.trainer.meta_batch_size, cfg.trainer.num_steps) == (25, 70_000)
+    assert (cfg.optimizer.name, cfg.optimizer.lr) == ("adam", 0.001)
+    assert cfg.eval.num_tasks == 600 and cfg.eval.shots == [5, 10, 20]
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optimizer.lr=-0.1", "optimizer.lr must be > 0"),
+        ("trainer.num_steps=0", "trainer.num_steps must be >= 1"),
+        ("trainer.task_batching=magic", "trainer.task_batching must be one of"),
+        ("eval.steps=[-1]", "eval.steps must be >= 0"),
+    ],
+)
+def test_bad_values_are_named(override, message):
+    with pytest.raises(ValueError, match=message):
+        to_objects(compose_config(["+experiment=sinusoid_maml", override]))
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("algorithm.inner_lr=-0.01", "algorithm.inner_lr must be > 0"),
+        ("algorithm.num_steps=0", "algorithm.num_steps must be"),
+    ],
+)
+def test_bad_algorithm_settings_fail_when_built(override, message):
+    cfg = to_objects(compose_config(["+experiment=sinusoid_maml", override]))
+    with pytest.raises(ValueError, match=message):
+        build_experiment(cfg)
+
+
+def test_misspelt_key_and_wrong_type_fail_at_composition():
+    with pytest.raises(ConfigCompositionException, match="inner_lrr"):
+        compose_config(["+experiment=sinusoid_maml", "algorithm.inner_lrr=0.1"])
+    with pytest.raises((ConfigCompositionException, ValidationError, ConfigKeyError), match="lr"):
+        compose_config(["+experiment=sinusoid_maml", "optimizer.lr=fast"])
+
+
+def test_unknown_algorithm_fails_at_composition():
+    with pytest.raises(ConfigCompositionException, match="algorithm/no_such_algorithm"):
+        compose_config(["+experiment=sinusoid_maml", "algorithm=no_such_algorithm"])
+
+
+def run_cli(*overrides, timeout=120):
+    return subprocess.run(
+        [sys.executable, "-m", "metalearn.train", "+experiment=sinusoid_maml", *overrides],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_cli_reports_a_bad_value_in_one_line_before_compiling(tmp_path):
+    result = run_cli("optimizer.lr=-1", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["error: optimizer.lr must be > 0, got -1.0"]
+    assert "compiled" not in result.stdout + result.stderr
+
+
+def test_cli_reports_an_unwritable_output_directory(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "run").write_text("a file where the run directory should be")
+    result = run_cli(f"hydra.run.dir={locked / 'run'}")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: output directory")
+    assert str(locked / "run") in lines[0]
+    assert "compiled" not in result.stdout + result.stderr

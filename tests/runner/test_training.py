@@ -1,0 +1,200 @@
+"""End-to-end runs: outputs, resume equals an uninterrupted run, signals, NaNs, sweeps."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from metalearn.config import to_objects
+from metalearn.runner.checkpoints import CheckpointStore
+from metalearn.runner.experiment import build_experiment
+from metalearn.runner.loop import NonFiniteError, chunk_length, train_and_evaluate
+from tests.conftest import compose_config
+
+TINY = ["+experiment=sinusoid_maml", "+debug=tiny"]
+
+
+def tiny_config(*overrides):
+    return to_objects(compose_config([*TINY, *overrides]))
+
+
+def final_params(workdir, cfg):
+    template = build_experiment(cfg).initial_state
+    store = CheckpointStore(os.path.join(workdir, "checkpoints"), 2)
+    state, _ = store.restore(template)
+    store.close()
+    return state
+
+
+def test_tiny_run_writes_every_output(tmp_path):
+    summary = train_and_evaluate(tiny_config(), str(tmp_path))
+    assert not summary["interrupted"] and summary["step"] == 4
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines if line["split"] == "train"] == [2, 4]
+    assert all(np.isfinite(line["train/mse"]) for line in lines if line["split"] == "train")
+    records = json.loads((tmp_path / "eval.json").read_text())
+    assert {(r["shots"], r["steps"]) for r in records} == {
+        (s, k) for s in (5, 10, 20) for k in (0, 1)
+    }
+    for r in records:
+        assert set(r) == {"metric", "shots", "steps", "mean", "ci95", "tasks", "nonfinite"}
+        assert r["metric"] == "mse" and r["tasks"] == 4
+    assert os.listdir(tmp_path / "tensorboard")
+    assert CheckpointStore(str(tmp_path / "checkpoints"), 2).latest_step() == 4
+
+
+def test_chunks_never_cross_a_boundary():
+    cfg = tiny_config(
+        "trainer.num_steps=23",
+        "trainer.steps_per_call=4",
+        "trainer.log_every=5",
+        "trainer.eval_every=0",
+        "trainer.checkpoint_every=10",
+    )
+    step, ends = 0, []
+    while step < 23:
+        step += chunk_length(step, cfg)
+        ends.append(step)
+    assert ends == [4, 5, 9, 10, 14, 15, 19, 20, 23]
+
+
+def test_resumed_run_reaches_the_same_parameters(tmp_path):
+    overrides = ["trainer.num_steps=12", "trainer.checkpoint_every=4", "trainer.eval_every=0"]
+    cfg = tiny_config(*overrides)
+    train_and_evaluate(cfg, str(tmp_path / "straight"))
+    # Interrupted after 8 steps (a shorter run), then resumed with the full config.
+    short = tiny_config(*overrides[1:], "trainer.num_steps=8")
+    train_and_evaluate(short, str(tmp_path / "resumed"))
+    assert CheckpointStore(str(tmp_path / "resumed" / "checkpoints"), 2).latest_step() == 8
+    train_and_evaluate(cfg, str(tmp_path / "resumed"))
+    straight, resumed = (
+        final_params(tmp_path / "straight", cfg),
+        final_params(tmp_path / "resumed", cfg),
+    )
+    assert int(straight.step) == int(resumed.step) == 12
+    for a, b in zip(
+        jax.tree_util.tree_leaves(straight), jax.tree_util.tree_leaves(resumed), strict=True
+    ):
+        np.testing.assert_array_equal(a, b)
+    lines = [
+        json.loads(x) for x in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()
+    ]
+    keys = [(line["step"], line["split"]) for line in lines]
+    assert len(keys) == len(set(keys))  # nothing logged twice across the interruption
+    assert [k for k in keys if k[1] == "train"] == [(s, "train") for s in range(2, 13, 2)]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_saves_a_usable_checkpoint_and_resume_matches(tmp_path, signum):
+    run_dir = tmp_path / "run"
+    overrides = [
+        *TINY,
+        "trainer.num_steps=100000",
+        "trainer.steps_per_call=10",
+        "trainer.log_every=10",
+        "trainer.checkpoint_every=50000",
+        "trainer.eval_every=0",
+        f"hydra.run.dir={run_dir}",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "metalearn.train", *overrides],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline and not (run_dir / "metrics.jsonl").exists():
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signum)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signum, output
+    assert "Traceback" not in output
+    assert f"received {signal.Signals(signum).name}" in output
+    store = CheckpointStore(str(run_dir / "checkpoints"), 2)
+    stopped_at = store.latest_step()
+    assert stopped_at is not None and 0 < stopped_at < 100000 and stopped_at % 10 == 0
+    cfg = to_objects(OmegaConf.load(run_dir / "config.yaml"))
+    state, _ = store.restore(build_experiment(cfg).initial_state)
+    assert int(state.step) == stopped_at
+    # Finishing a few steps later from that checkpoint equals a straight run of the same length.
+    target = stopped_at + 20
+    finish = tiny_config(
+        "trainer.num_steps=" + str(target),
+        "trainer.steps_per_call=10",
+        "trainer.log_every=10",
+        "trainer.checkpoint_every=50000",
+        "trainer.eval_every=0",
+    )
+    train_and_evaluate(finish, str(run_dir))
+    train_and_evaluate(finish, str(tmp_path / "straight"))
+    a, b = final_params(run_dir, finish), final_params(tmp_path / "straight", finish)
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_half_written_checkpoint_is_never_loaded(tmp_path):
+    cfg = tiny_config()
+    train_and_evaluate(cfg, str(tmp_path))
+    # What a process killed mid-save leaves behind: orbax's temporary directory.
+    (tmp_path / "checkpoints" / "6.orbax-checkpoint-tmp-1234").mkdir()
+    (tmp_path / "checkpoints" / "6.orbax-checkpoint-tmp-1234" / "garbage").write_text("x")
+    assert CheckpointStore(str(tmp_path / "checkpoints"), 2).latest_step() == 4
+    state = final_params(tmp_path, cfg)
+    assert int(state.step) == 4
+
+
+def test_nan_stops_with_a_clear_error_and_saves_nothing_non_finite(tmp_path):
+    cfg = tiny_config("optimizer.lr=1e30", "trainer.num_steps=8")
+    with pytest.raises(NonFiniteError, match="non-finite .* at step") as err:
+        train_and_evaluate(cfg, str(tmp_path))
+    assert "optimizer.lr" in str(err.value)
+    store = CheckpointStore(str(tmp_path / "checkpoints"), 2)
+    if store.latest_step() is not None:
+        state, _ = store.restore(build_experiment(cfg).initial_state)
+        assert all(np.all(np.isfinite(x)) for x in jax.tree_util.tree_leaves(state.meta_params))
+
+
+def test_multirun_sweep_and_gather(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "metalearn.train",
+            "-m",
+            *TINY,
+            "algorithm.inner_lr=0.003,0.01",
+            "seed=0,1",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    runs = sorted(p for p in sweep_dir.iterdir() if p.is_dir())
+    assert len(runs) == 4 and all((p / "eval.json").exists() for p in runs)
+    table = subprocess.run(
+        [
+            sys.executable,
+            "scripts/collect_sweep.py",
+            str(sweep_dir),
+            "--csv",
+            str(tmp_path / "t.csv"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert table.returncode == 0, table.stderr
+    assert "algorithm.inner_lr" in table.stdout and "seed" in table.stdout
+    rows = (tmp_path / "t.csv").read_text().splitlines()
+    assert len(rows) == 1 + 4 * 6  # header, then 4 runs x 3 shots x 2 step counts
