@@ -52,6 +52,7 @@ class TrainerConfig:
     checkpoint_every: int = 10_000
     keep_checkpoints: int = 2
     resume: bool = True  # continue from the latest checkpoint in the run directory
+    shard_tasks: bool = True  # with several devices, split each meta-batch's tasks across them
     progress_bar: str = "auto"  # auto (a TTY gets a bar) | bar | lines
 
 
@@ -69,6 +70,16 @@ class EvalConfig:
 
 
 @dataclasses.dataclass
+class DistributedConfig:
+    """Multi-host training through ``jax.distributed.initialize``."""
+
+    enabled: bool = False
+    coordinator_address: str | None = None  # host:port; unset: detected (e.g. from SLURM)
+    num_processes: int | None = None
+    process_id: int | None = None
+
+
+@dataclasses.dataclass
 class Config:
     algorithm: Any = MISSING
     model: Any = MISSING
@@ -76,6 +87,7 @@ class Config:
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
     trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+    distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
     seed: int = 0
     name: str = "run"
 
@@ -101,6 +113,7 @@ def to_objects(cfg: DictConfig) -> Config:
         optimizer=OmegaConf.to_object(OmegaConf.merge(OptimizerConfig, cfg.optimizer)),
         trainer=OmegaConf.to_object(OmegaConf.merge(TrainerConfig, cfg.trainer)),
         eval=OmegaConf.to_object(OmegaConf.merge(EvalConfig, cfg.eval)),
+        distributed=OmegaConf.to_object(OmegaConf.merge(DistributedConfig, cfg.distributed)),
         seed=int(cfg.seed),
         name=str(cfg.name),
     )

@@ -17,6 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from metalearn.config import check_writable, register_configs, to_objects
+from metalearn.runner.devices import initialize_distributed
 from metalearn.runner.loop import NonFiniteError, train_and_evaluate
 
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
@@ -31,6 +32,8 @@ def run(cfg: DictConfig, workdir: str) -> dict:
     """Validate ``cfg``, write it resolved to ``workdir/config.yaml``, train and evaluate."""
     config = to_objects(cfg)
     check_writable(workdir)
+    d = config.distributed
+    initialize_distributed(d.enabled, d.coordinator_address, d.num_processes, d.process_id)
     with open(os.path.join(workdir, "config.yaml"), "w") as f:
         f.write(OmegaConf.to_yaml(cfg, resolve=True))
     return train_and_evaluate(config, workdir)

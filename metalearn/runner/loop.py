@@ -13,6 +13,7 @@ import jax
 
 from metalearn.config import Config
 from metalearn.runner.checkpoints import CheckpointStore
+from metalearn.runner.devices import is_primary_host, replicated, task_mesh
 from metalearn.runner.evaluation import evaluate_split, format_record, selection_score
 from metalearn.runner.experiment import Experiment, build_experiment, count_parameters
 from metalearn.runner.reporting import MetricsWriter, Progress
@@ -48,6 +49,9 @@ class Runner:
             os.path.join(workdir, "checkpoints"), cfg.trainer.keep_checkpoints
         )
         self.best = CheckpointStore(os.path.join(workdir, "best"), 1)
+        self.mesh = task_mesh(cfg.trainer.shard_tasks, cfg.trainer.meta_batch_size)
+        self.initial_state = replicated(self.exp.initial_state, self.mesh)
+        self.splits = replicated(self.exp.tasks.splits, self.mesh)
         meta_step = make_meta_step(
             self.exp.learner,
             self.exp.tasks,
@@ -57,20 +61,26 @@ class Runner:
             shots=cfg.trainer.shots,
             total_steps=cfg.trainer.num_steps,
             strategy=self.exp.task_batching,
+            mesh=self.mesh,
         )
         self._meta_step = meta_step
         self._compiled: dict[int, Any] = {}
         self.compile_seconds = 0.0
-        self.eval_step = make_eval_step(
+        self._eval_step = make_eval_step(
             self.exp.learner,
             self.exp.tasks,
             steps=tuple(cfg.eval.steps),
             strategy=self.exp.task_batching,
+            mesh=self.mesh,
         )
+
+    def eval_step(self, meta_params, split_arrays, keys, shots: int):
+        """The jitted evaluation of the tasks drawn from ``keys`` (placed on every device)."""
+        return self._eval_step(meta_params, split_arrays, replicated(keys, self.mesh), shots)
 
     def train_call(self, state, num_steps: int):
         """Run ``num_steps`` fused meta-steps; compiles (timed) on first use of a length."""
-        arrays = self.exp.tasks.splits["train"]
+        arrays = self.splits["train"]
         if num_steps not in self._compiled:
             start = time.perf_counter()
             jitted = make_multi_step(self._meta_step, num_steps)
@@ -86,7 +96,7 @@ class Runner:
         return evaluate_split(
             self.eval_step,
             meta_params,
-            self.exp.tasks.splits[split],
+            self.splits[split],
             split=split,
             seed=e.seed,
             shots_list=shots_list or e.shots,
@@ -143,7 +153,7 @@ def train_and_evaluate(cfg: Config, workdir: str) -> dict:
 
 
 def _restore(runner: Runner):
-    state, best_score = runner.exp.initial_state, -math.inf
+    state, best_score = runner.initial_state, -math.inf
     if runner.cfg.trainer.resume and runner.checkpoints.latest_step() is not None:
         state, metadata = runner.checkpoints.restore(state)
         if metadata.get("best_score") is not None:
@@ -155,19 +165,20 @@ def _restore(runner: Runner):
 def _train(runner: Runner) -> dict:
     cfg, t = runner.cfg, runner.cfg.trainer
     state, best_score = _restore(runner)
-    step = int(state.step)
+    step = start_step = int(state.step)
     log.info(
-        "training %s with %s on %s: %d parameters, tasks batched by %s, on %s",
+        "training %s: %s on %s, %d parameters, tasks batched by %s, %d %s device(s)",
         cfg.name,
         cfg.algorithm.name,
         cfg.data.name,
         count_parameters(state.meta_params),
         runner.exp.task_batching,
+        jax.device_count(),
         jax.devices()[0].platform,
     )
-    writer = MetricsWriter(runner.workdir, resume_step=step)
+    writer = MetricsWriter(runner.workdir, resume_step=step, enabled=is_primary_host())
     progress = Progress(t.num_steps, step, t.progress_bar)
-    start_time, start_step, pending = time.perf_counter(), step, []
+    start_time, pending = time.perf_counter(), []
     try:
         with StopRequest() as stop:
             while step < t.num_steps and not stop.requested:
@@ -176,24 +187,13 @@ def _train(runner: Runner) -> dict:
                 step += n
                 pending.append((n, metrics))
                 if step % t.log_every == 0 or step == t.num_steps:
-                    averaged = _average(pending)
+                    _log_training(runner, writer, progress, step, pending)
                     pending = []
-                    if not all(math.isfinite(v) for v in averaged.values()):
-                        raise runner.non_finite(step, f"training metrics {averaged}")
-                    rate = progress.update(step, averaged)
-                    writer.write(
-                        {
-                            "step": step,
-                            "split": "train",
-                            "steps_per_s": rate,
-                            **{f"train/{k}": v for k, v in averaged.items()},
-                        }
-                    )
                 if t.eval_every and step % t.eval_every == 0 and step < t.num_steps:
                     best_score = _validate(runner, writer, state, best_score)
                 if step % t.checkpoint_every == 0 or step == t.num_steps:
                     runner.save(state, best_score)
-            if stop.requested:
+            if stop.requested:  # the signal may land after the last check inside the loop
                 runner.save(state, best_score)
                 log.warning(
                     "stopped at step %d; checkpoint saved in %s; rerun with "
@@ -209,21 +209,51 @@ def _train(runner: Runner) -> dict:
     finally:
         progress.close()
         writer.close()
-    steps_run = step - start_step
     summary = {
         "interrupted": False,
         "step": step,
         "train_seconds": train_seconds,
         "compile_seconds": runner.compile_seconds,
-        "steps_per_s": steps_run / max(train_seconds - runner.compile_seconds, 1e-9),
+        "steps_per_s": (step - start_step) / max(train_seconds - runner.compile_seconds, 1e-9),
         "task_batching": runner.exp.task_batching,
-        "device": jax.devices()[0].device_kind,
+        "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
         "best_val_score": _json_float(best_score),
         "eval": records,
     }
-    with open(os.path.join(runner.workdir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    _write_json(runner.workdir, "summary.json", summary)
     return summary
+
+
+def _log_training(
+    runner: Runner,
+    writer: MetricsWriter,
+    progress: Progress,
+    step: int,
+    pending: list[tuple[int, dict]],
+) -> None:
+    """One log line and one metrics.jsonl record; stop on a non-finite training metric."""
+    averaged = _average(pending)
+    if not all(math.isfinite(v) for v in averaged.values()):
+        raise runner.non_finite(step, f"training metrics {averaged}")
+    rate = progress.update(step, averaged)
+    writer.write(
+        {
+            "step": step,
+            "split": "train",
+            "steps_per_s": rate,
+            **{f"train/{k}": v for k, v in averaged.items()},
+        }
+    )
+
+
+def _write_json(workdir: str, name: str, value: Any) -> None:
+    """Write ``workdir/name`` atomically, from the primary host only."""
+    if not is_primary_host():
+        return
+    path = os.path.join(workdir, name)
+    with open(path + ".tmp", "w") as f:
+        json.dump(value, f, indent=2)
+    os.replace(path + ".tmp", path)
 
 
 def _validate(runner: Runner, writer: MetricsWriter, state, best_score: float) -> float:
@@ -247,8 +277,7 @@ def _final_evaluation(runner: Runner, state) -> list[dict]:
         chosen = f"best on validation (step {metadata['step']})"
     log.info("final evaluation on %d test tasks with the %s parameters", cfg.eval.num_tasks, chosen)
     records = runner.evaluate(meta_params, "test", cfg.eval.num_tasks)
-    with open(os.path.join(runner.workdir, "eval.json"), "w") as f:
-        json.dump(records, f, indent=2)
+    _write_json(runner.workdir, "eval.json", records)
     for r in records:
         log.info("test %s", format_record(r))
     return records
@@ -257,7 +286,7 @@ def _final_evaluation(runner: Runner, state) -> list[dict]:
 def load_for_evaluation(cfg: Config, workdir: str, which: str = "best") -> tuple[Runner, Any]:
     """A runner and saved meta-parameters (``best`` or ``latest``) from a run directory."""
     runner = Runner(cfg, workdir)
-    template = runner.exp.initial_state
+    template = runner.initial_state
     if which == "best" and runner.best.latest_step() is not None:
         params, _ = runner.best.restore(template.meta_params)
         return runner, params

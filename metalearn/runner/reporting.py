@@ -21,8 +21,11 @@ class MetricsWriter:
     describes one consistent run.
     """
 
-    def __init__(self, workdir: str, resume_step: int = 0):
+    def __init__(self, workdir: str, resume_step: int = 0, enabled: bool = True):
+        self.enabled = enabled
         self.path = os.path.join(workdir, "metrics.jsonl")
+        if not enabled:  # not the primary host of a multi-host run
+            return
         if resume_step > 0 and os.path.exists(self.path):
             with open(self.path) as f:
                 kept = [line for line in f if _line_step(line) <= resume_step]
@@ -36,6 +39,8 @@ class MetricsWriter:
         )
 
     def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         step = record["step"]
@@ -47,8 +52,9 @@ class MetricsWriter:
             self._tb.add_scalar(tag, entry["mean"], step)
 
     def close(self) -> None:
-        self._file.close()
-        self._tb.close()
+        if self.enabled:
+            self._file.close()
+            self._tb.close()
 
 
 def _line_step(line: str) -> int:

@@ -15,6 +15,7 @@ import optax
 
 from metalearn.algorithms.base import MetaLearner
 from metalearn.data.task import TaskDistribution
+from metalearn.runner.devices import constrain_replicated, shard_task_axis
 
 PyTree = Any
 
@@ -72,16 +73,20 @@ def make_meta_step(
     shots: int,
     total_steps: int,
     strategy: str,
+    mesh=None,
 ) -> Callable[[TrainState, PyTree], tuple[TrainState, dict]]:
     """One meta-step ``(state, train_arrays) -> (state, metrics)``, not yet jitted.
 
     The step's tasks come from ``fold_in(train_key, state.step)``, so a run resumed from any
-    checkpoint sees exactly the tasks an uninterrupted run would.
+    checkpoint sees exactly the tasks an uninterrupted run would. With a ``mesh`` the tasks are
+    split across its devices (see :mod:`metalearn.runner.devices`).
     """
 
     def meta_step(state: TrainState, train_arrays: PyTree):
         key = jax.random.fold_in(train_key, state.step)
-        batch = sample_tasks(tasks, train_arrays, key, meta_batch_size, shots)
+        batch = shard_task_axis(
+            sample_tasks(tasks, train_arrays, key, meta_batch_size, shots), mesh
+        )
         progress = state.step.astype(jnp.float32) / total_steps
         grads, metrics = map_over_tasks(
             lambda task: learner.task_grad(state.meta_params, task, progress), batch, strategy
@@ -89,7 +94,9 @@ def make_meta_step(
         grads, metrics = jax.tree_util.tree_map(lambda x: jnp.mean(x, axis=0), (grads, metrics))
         updates, opt_state = optimizer.update(grads, state.opt_state, state.meta_params)
         meta_params = optax.apply_updates(state.meta_params, updates)
-        return TrainState(state.step + 1, meta_params, opt_state), metrics
+        return constrain_replicated(
+            (TrainState(state.step + 1, meta_params, opt_state), metrics), mesh
+        )
 
     return meta_step
 
@@ -109,13 +116,23 @@ def make_multi_step(meta_step: Callable, num_steps: int) -> Callable:
 
 
 def make_eval_step(
-    learner: MetaLearner, tasks: TaskDistribution, *, steps: tuple[int, ...], strategy: str
+    learner: MetaLearner,
+    tasks: TaskDistribution,
+    *,
+    steps: tuple[int, ...],
+    strategy: str,
+    mesh=None,
 ) -> Callable:
     """Jitted ``(meta_params, split_arrays, keys, shots) -> {metric: [len(keys), len(steps)]}``."""
 
     def evaluate(meta_params, split_arrays, keys, shots):
         batch = jax.vmap(lambda k: tasks.sample(split_arrays, k, shots))(keys)
-        return map_over_tasks(lambda t: learner.evaluate(meta_params, t, steps), batch, strategy)
+        if mesh is not None and keys.shape[0] % mesh.size == 0:
+            batch = shard_task_axis(batch, mesh)
+        per_task = map_over_tasks(
+            lambda t: learner.evaluate(meta_params, t, steps), batch, strategy
+        )
+        return constrain_replicated(per_task, mesh)
 
     return jax.jit(evaluate, static_argnums=3)
 

@@ -1,0 +1,102 @@
+"""Devices and hosts: the task axis of a meta-batch sharded over every device, multi-host init.
+
+With more than one device (several GPUs, or several hosts after ``jax.distributed``), tasks of
+a meta-batch are split across a one-axis mesh named ``tasks``; parameters, optimiser state and
+the dataset arrays are replicated. XLA's SPMD partitioner then runs each device's share of the
+tasks and all-reduces the averaged meta-gradient, so the update equals the one-device update.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+log = logging.getLogger("metalearn")
+
+TASK_AXIS = "tasks"
+
+
+def task_mesh(shard_tasks: bool, meta_batch_size: int) -> Mesh | None:
+    """A mesh over all devices for the task axis, or None on one device (or when disabled)."""
+    devices = jax.devices()
+    if not shard_tasks or len(devices) == 1:
+        return None
+    if meta_batch_size % len(devices):
+        raise ValueError(
+            f"trainer.meta_batch_size ({meta_batch_size}) must be a multiple of the number of "
+            f"devices ({len(devices)}) to shard tasks across them; change it or set "
+            f"trainer.shard_tasks=false"
+        )
+    return Mesh(devices, (TASK_AXIS,))
+
+
+def shard_task_axis(tree: Any, mesh: Mesh | None) -> Any:
+    """Constrain the leading (task) axis of every leaf to be split across ``mesh``."""
+    if mesh is None:
+        return tree
+    return jax.lax.with_sharding_constraint(tree, NamedSharding(mesh, PartitionSpec(TASK_AXIS)))
+
+
+def replicated(tree: Any, mesh: Mesh | None) -> Any:
+    """Place ``tree`` on every device of ``mesh`` (on the default device without a mesh).
+
+    Every host holds the same values (same seed, same data), so in a multi-host run each one
+    supplies its own copy as the process-local data of a fully replicated global array.
+    """
+    if mesh is None:
+        return tree
+    sharding = NamedSharding(mesh, PartitionSpec())
+    if jax.process_count() == 1:
+        return jax.device_put(tree, sharding)
+
+    def to_global(x):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            data = jax.make_array_from_process_local_data(
+                sharding, np.asarray(jax.random.key_data(x))
+            )
+            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+        return jax.make_array_from_process_local_data(sharding, np.asarray(x))
+
+    return jax.tree_util.tree_map(to_global, tree)
+
+
+def constrain_replicated(tree: Any, mesh: Mesh | None) -> Any:
+    """Inside jit: ask for ``tree`` on every device (so each host can read all of it)."""
+    if mesh is None:
+        return tree
+    return jax.lax.with_sharding_constraint(tree, NamedSharding(mesh, PartitionSpec()))
+
+
+def initialize_distributed(
+    enabled: bool,
+    coordinator_address: str | None,
+    num_processes: int | None,
+    process_id: int | None,
+) -> None:
+    """Join a multi-host run with ``jax.distributed.initialize`` (before any JAX computation).
+
+    Unset fields are detected from the cluster environment (SLURM, Open MPI, ...) by JAX.
+    """
+    if not enabled:
+        return
+    log.info(
+        "jax.distributed.initialize(coordinator=%s, num_processes=%s, process_id=%s)%s",
+        coordinator_address,
+        num_processes,
+        process_id,
+        " from SLURM" if "SLURM_JOB_ID" in os.environ and coordinator_address is None else "",
+    )
+    jax.distributed.initialize(
+        coordinator_address=coordinator_address,
+        num_processes=num_processes,
+        process_id=process_id,
+    )
+
+
+def is_primary_host() -> bool:
+    return jax.process_index() == 0

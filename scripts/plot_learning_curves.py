@@ -1,0 +1,81 @@
+"""Learning curves from one or more runs' metrics.jsonl, as a PNG.
+
+    python scripts/plot_learning_curves.py RUN_DIR [RUN_DIR ...] --out curves.png
+
+Left: the training metric (query loss after adaptation) per logged step. Right: the validation
+metric at the training shot count, one line per number of inner steps, with its 95% CI band.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def read_metrics(run_dir: Path) -> tuple[dict[str, list], dict[tuple, list]]:
+    """Training series ``{metric: [(step, value)]}`` and validation series by (metric, steps)."""
+    train, val = defaultdict(list), defaultdict(list)
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: is {run_dir} a metalearn run directory?")
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        if record["split"] == "train":
+            for key, value in record.items():
+                if key.startswith("train/"):
+                    train[key[len("train/") :]].append((record["step"], value))
+        else:
+            for entry in record["eval"]:
+                if entry["mean"] is not None:
+                    key = (entry["metric"], entry["shots"], entry["steps"])
+                    val[key].append((record["step"], entry["mean"], entry["ci95"] or 0.0))
+    return train, val
+
+
+def plot(run_dirs: list[Path], out: Path) -> None:
+    fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(11, 4))
+    for run_dir in run_dirs:
+        train, val = read_metrics(run_dir)
+        for metric, points in train.items():
+            steps, values = zip(*points, strict=True)
+            ax_train.plot(steps, values, label=f"{run_dir.name}: {metric}")
+        for (metric, shots, inner), points in sorted(val.items()):
+            steps, means, cis = zip(*points, strict=True)
+            line = ax_val.plot(steps, means, marker="o", label=f"{run_dir.name}: {metric}, "
+                               f"{shots} shots, {inner} steps")[0]
+            low = [m - c for m, c in zip(means, cis, strict=True)]
+            high = [m + c for m, c in zip(means, cis, strict=True)]
+            ax_val.fill_between(steps, low, high, color=line.get_color(), alpha=0.2)
+    ax_train.set(title="training (query set after adaptation)", xlabel="meta-step", yscale="log")
+    ax_val.set(title="validation (mean, 95% CI)", xlabel="meta-step", yscale="log")
+    for ax in (ax_train, ax_val):
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dirs", nargs="+", type=Path)
+    parser.add_argument("--out", type=Path, default=Path("learning_curves.png"))
+    args = parser.parse_args(argv)
+    try:
+        plot(args.run_dirs, args.out)
+    except FileNotFoundError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""The task axis sharded over several devices, and two processes joined by jax.distributed.
+
+Each run is a subprocess, since the number of CPU devices is fixed when JAX starts.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+from omegaconf import OmegaConf
+
+from metalearn.config import to_objects
+from metalearn.runner.checkpoints import CheckpointStore
+from metalearn.runner.experiment import build_experiment
+
+TINY = [
+    "+experiment=sinusoid_maml",
+    "+debug=tiny",
+    "trainer.meta_batch_size=4",
+    "trainer.num_steps=6",
+    "trainer.steps_per_call=1",
+]
+
+
+def train(run_dir, *overrides, devices=1, timeout=240):
+    env = {**os.environ, "JAX_NUM_CPU_DEVICES": str(devices)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "metalearn.train", *TINY, *overrides, f"hydra.run.dir={run_dir}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+
+
+def finish(proc, timeout=240):
+    output, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, output
+    return output
+
+
+def final_state(run_dir):
+    cfg = to_objects(OmegaConf.load(run_dir / "config.yaml"))
+    store = CheckpointStore(str(run_dir / "checkpoints"), 2)
+    state, _ = store.restore(build_experiment(cfg).initial_state)
+    store.close()
+    return state
+
+
+def assert_same_training(a, b):
+    assert int(a.step) == int(b.step) == 6
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
+        np.testing.assert_allclose(x, y, rtol=2e-5, atol=2e-6)
+
+
+def test_tasks_sharded_over_four_devices_give_the_one_device_update(tmp_path):
+    single = train(tmp_path / "one")
+    output = finish(train(tmp_path / "four", devices=4))
+    finish(single)
+    assert "4 cpu device(s)" in output
+    assert_same_training(final_state(tmp_path / "one"), final_state(tmp_path / "four"))
+
+
+def test_meta_batch_must_divide_over_devices(tmp_path):
+    proc = train(tmp_path / "bad", "trainer.meta_batch_size=6", devices=4)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert "trainer.meta_batch_size (6) must be a multiple of the number of devices (4)" in output
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_on_localhost_train_like_one(tmp_path):
+    address = f"127.0.0.1:{free_port()}"
+    procs = [
+        train(
+            tmp_path / "two",
+            "distributed.enabled=true",
+            f"distributed.coordinator_address={address}",
+            "distributed.num_processes=2",
+            f"distributed.process_id={i}",
+            devices=1,
+        )
+        for i in range(2)
+    ]
+    outputs = [finish(p) for p in procs]
+    assert "2 cpu device(s)" in outputs[0]
+    single = train(tmp_path / "one")
+    finish(single)
+    assert_same_training(final_state(tmp_path / "one"), final_state(tmp_path / "two"))
+    assert (tmp_path / "two" / "eval.json").exists()
