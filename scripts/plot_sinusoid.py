@@ -37,18 +37,24 @@ def plot(run_dir: Path, shots: int, seed: int, steps: list[int], out: Path) -> N
     task = sample_sinusoid_task(key, shots, 200, d.amplitude_range, d.phase_range, d.input_range)
     xs = jnp.linspace(*d.input_range, 200)[:, None]
     amplitude_key, phase_key, _ = jax.random.split(key, 3)
-    amplitude = jax.random.uniform(amplitude_key, (), minval=d.amplitude_range[0],
-                                   maxval=d.amplitude_range[1])
+    amplitude = jax.random.uniform(
+        amplitude_key, (), minval=d.amplitude_range[0], maxval=d.amplitude_range[1]
+    )
     phase = jax.random.uniform(phase_key, (), minval=d.phase_range[0], maxval=d.phase_range[1])
     model, learner = runner.exp.model, runner.exp.learner
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(xs[:, 0], amplitude * jnp.sin(xs[:, 0] - phase), "r", label="ground truth")
-    labels = {0: "pre-update", steps[0]: f"{steps[0]} grad step", steps[1]: f"{steps[1]} grad steps"}
+    labels = {
+        0: "pre-update",
+        steps[0]: f"{steps[0]} grad step",
+        steps[1]: f"{steps[1]} grad steps",
+    }
     for num_steps, style in zip([0, *steps], [":", "--", "-"], strict=True):
         params = learner.adapt(meta_params, task.support, num_steps)  # 0: the meta-learned init
         ax.plot(xs[:, 0], model.apply(params, xs)[:, 0], style, label=labels[num_steps])
-    ax.plot(task.support[0][:, 0], task.support[1][:, 0], "^", color="purple",
-            label="used for grad")
+    ax.plot(
+        task.support[0][:, 0], task.support[1][:, 0], "^", color="purple", label="used for grad"
+    )
     ax.set(title=f"MAML, K={shots}", xlim=d.input_range)
     ax.legend(fontsize=8)
     fig.tight_layout()
