@@ -185,6 +185,7 @@ def _train(runner: Runner) -> dict:
                 n = chunk_length(step, cfg)
                 state, metrics = runner.train_call(state, n)
                 step += n
+                progress.advance(step)
                 pending.append((n, metrics))
                 if step % t.log_every == 0 or step == t.num_steps:
                     _log_training(runner, writer, progress, step, pending)

@@ -10,6 +10,7 @@ import time
 
 from tensorboardX import SummaryWriter
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 log = logging.getLogger("metalearn")
 
@@ -65,25 +66,36 @@ def _line_step(line: str) -> int:
 
 
 class Progress:
-    """A progress bar with steps/s and loss on a terminal; plain log lines otherwise."""
+    """A progress bar with steps/s and loss on a terminal; plain log lines otherwise.
+
+    While the bar is shown, console log records are written above it (``tqdm.write``) instead
+    of through it.
+    """
 
     def __init__(self, total: int, initial: int, mode: str):
         use_bar = mode == "bar" or (mode == "auto" and sys.stderr.isatty())
-        self._bar = (
-            tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True) if use_bar else None
-        )
         self.total = total
         self._last_step, self._last_time = initial, time.perf_counter()
+        self._bar = None
+        if use_bar:
+            self._redirect = logging_redirect_tqdm(loggers=[logging.root])
+            self._redirect.__enter__()
+            self._bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+
+    def advance(self, step: int) -> None:
+        """Move the bar to ``step`` (cheap: no device synchronisation)."""
+        if self._bar is not None:
+            self._bar.update(step - self._bar.n)
 
     def update(self, step: int, metrics: dict[str, float]) -> float:
-        """Report progress up to ``step``; returns steps/s since the previous update."""
+        """Report metrics at ``step``; returns steps/s since the previous report."""
         now = time.perf_counter()
         rate = (step - self._last_step) / max(now - self._last_time, 1e-9)
         self._last_step, self._last_time = step, now
         summary = " ".join(f"{k} {v:.4g}" for k, v in metrics.items())
         if self._bar is not None:
             self._bar.set_postfix_str(summary, refresh=False)
-            self._bar.update(step - self._bar.n)
+            self.advance(step)
         else:
             log.info("step %d/%d | %s | %.1f steps/s", step, self.total, summary, rate)
         return rate
@@ -91,3 +103,4 @@ class Progress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+            self._redirect.__exit__(None, None, None)
