@@ -106,14 +106,19 @@ def register_configs() -> None:
 
 def to_objects(cfg: DictConfig) -> Config:
     """Turn a composed config into plain dataclasses: nothing from OmegaConf reaches jit."""
+    def section(schema: type, key: str) -> Any:
+        # A section missing from the config (e.g. a run saved by an older version) takes the
+        # schema's defaults.
+        return OmegaConf.to_object(OmegaConf.merge(schema, cfg.get(key) or {}))
+
     top = Config(
         algorithm=_group_object("algorithm", cfg.algorithm),
         model=_group_object("model", cfg.model),
         data=_group_object("data", cfg.data),
-        optimizer=OmegaConf.to_object(OmegaConf.merge(OptimizerConfig, cfg.optimizer)),
-        trainer=OmegaConf.to_object(OmegaConf.merge(TrainerConfig, cfg.trainer)),
-        eval=OmegaConf.to_object(OmegaConf.merge(EvalConfig, cfg.eval)),
-        distributed=OmegaConf.to_object(OmegaConf.merge(DistributedConfig, cfg.distributed)),
+        optimizer=section(OptimizerConfig, "optimizer"),
+        trainer=section(TrainerConfig, "trainer"),
+        eval=section(EvalConfig, "eval"),
+        distributed=section(DistributedConfig, "distributed"),
         seed=int(cfg.seed),
         name=str(cfg.name),
     )
