@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--which", choices=["best", "latest"], default="best")
     parser.add_argument("--out", default=None)
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     config_path = os.path.join(args.run_dir, "config.yaml")
     if not os.path.exists(config_path):
         sys.exit(f"error: {config_path} not found: is {args.run_dir!r} a metalearn run directory?")

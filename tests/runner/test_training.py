@@ -198,3 +198,47 @@ def test_multirun_sweep_and_gather(tmp_path):
     assert "algorithm.inner_lr" in table.stdout and "seed" in table.stdout
     rows = (tmp_path / "t.csv").read_text().splitlines()
     assert len(rows) == 1 + 4 * 6  # header, then 4 runs x 3 shots x 2 step counts
+
+
+def test_no_host_to_device_copy_per_meta_step(tmp_path):
+    from metalearn.runner.loop import Runner
+
+    runner = Runner(tiny_config(), str(tmp_path))
+    state = runner.initial_state
+    state, _ = runner.train_call(state, 2)  # compile outside the guard
+    with jax.transfer_guard_host_to_device("disallow"):
+        for _ in range(3):
+            state, metrics = runner.train_call(state, 2)
+    jax.block_until_ready(state)
+    assert int(state.step) == 8
+    runner.close()
+
+
+def test_saved_checkpoint_is_evaluated_on_its_own(tmp_path):
+    train_and_evaluate(tiny_config(), str(tmp_path))
+    # The run directory gets the resolved config.yaml from the CLI; write it as the CLI does.
+    OmegaConf.save(compose_config(TINY), tmp_path / "config.yaml")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "metalearn.evaluate",
+            str(tmp_path),
+            "--which",
+            "latest",
+            "eval.num_tasks=6",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    records = json.loads((tmp_path / "eval_latest.json").read_text())
+    assert {r["tasks"] for r in records} == {6} and len(records) == 3 * 2
+    missing = subprocess.run(
+        [sys.executable, "-m", "metalearn.evaluate", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode != 0 and "not found" in missing.stderr
