@@ -1,0 +1,128 @@
+"""Conv4: the four-block convolutional network of Vinyals et al. (2016) as used by MAML.
+
+Each block is a 3x3 convolution (``filters`` channels, "SAME" padding), batch normalisation
+and ReLU, then the block halves the resolution:
+
+- ``downsample="stride"``: the convolution has stride 2 (Finn et al.'s Omniglot network,
+  64 filters: 28 -> 14 -> 7 -> 4 -> 2);
+- ``downsample="maxpool"``: stride 1 and a 2x2 max-pool (their miniImageNet network,
+  32 filters: 84 -> 42 -> 21 -> 10 -> 5).
+
+``readout`` turns the last feature map into the feature vector: ``"flatten"`` (miniImageNet:
+5 * 5 * 32 = 800 features) or ``"mean"`` over the spatial positions (Omniglot in Finn et al.'s
+code: 64 features). A dense layer named ``head`` maps the features to ``num_outputs`` logits;
+:meth:`Conv4.embed` returns the features.
+
+Batch normalisation uses the statistics of the current batch, always (as in the MAML paper and
+its code, where the support and query sets are normalised with their own statistics): no
+running averages and no mutable collections, so the module has only a ``params`` collection and
+the wrapped :class:`metalearn.models.base.Model` stays a pure function of its parameters. Its
+scale and bias are learnable parameters. Inputs are NHWC (JAX's fast layout on CPU and GPU).
+Convolutions use Glorot-uniform initialisation (Finn et al.'s ``xavier_initializer``), biases
+zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from metalearn.registry import MODELS
+
+DOWNSAMPLING = ("stride", "maxpool")
+READOUTS = ("flatten", "mean")
+
+
+class BatchStatNorm(nn.Module):
+    """Batch normalisation with the current batch's statistics; learnable ``scale`` and ``bias``.
+
+    Normalises over every axis but the last (channels). No running averages are kept.
+
+    >>> import jax, jax.numpy as jnp
+    >>> x = jax.random.normal(jax.random.key(0), (8, 3, 3, 4)) * 5.0 + 2.0
+    >>> y, _ = BatchStatNorm().init_with_output(jax.random.key(1), x)
+    >>> bool(jnp.allclose(y.mean((0, 1, 2)), 0.0, atol=1e-5))
+    True
+    """
+
+    epsilon: float = 1e-3  # TensorFlow's batch_norm default, as in Finn et al.'s code
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        channels = x.shape[-1]
+        scale = self.param("scale", nn.initializers.ones, (channels,))
+        bias = self.param("bias", nn.initializers.zeros, (channels,))
+        axes = tuple(range(x.ndim - 1))
+        mean = jnp.mean(x, axis=axes)
+        var = jnp.mean(jnp.square(x - mean), axis=axes)
+        return (x - mean) * (jax.lax.rsqrt(var + self.epsilon) * scale) + bias
+
+
+class Conv4(nn.Module):
+    """Four [3x3 conv, batch-statistics norm, ReLU] blocks and a dense ``head``.
+
+    >>> import jax, jax.numpy as jnp
+    >>> net = Conv4(num_outputs=5)
+    >>> params = net.init(jax.random.key(0), jnp.zeros((1, 28, 28, 1)))["params"]
+    >>> sorted(params)[:3], params["head"]["kernel"].shape
+    (['convs_0', 'convs_1', 'convs_2'], (64, 5))
+    >>> net.apply({"params": params}, jnp.zeros((10, 28, 28, 1))).shape
+    (10, 5)
+    """
+
+    num_outputs: int
+    filters: int = 64
+    downsample: str = "stride"
+    readout: str = "mean"
+
+    def setup(self):
+        stride = 2 if self.downsample == "stride" else 1
+        init = nn.initializers.xavier_uniform()
+        self.convs = [
+            nn.Conv(self.filters, (3, 3), strides=stride, padding="SAME", kernel_init=init)
+            for _ in range(4)
+        ]
+        self.norms = [BatchStatNorm() for _ in range(4)]
+        self.head = nn.Dense(self.num_outputs)
+
+    def embed(self, x: jax.Array) -> jax.Array:
+        """Features before the head, ``[batch, features]``, for NHWC inputs ``x``."""
+        for conv, norm in zip(self.convs, self.norms, strict=True):
+            x = nn.relu(norm(conv(x)))
+            if self.downsample == "maxpool":
+                x = nn.max_pool(x, (2, 2), strides=(2, 2), padding="VALID")
+        if self.readout == "mean":
+            return jnp.mean(x, axis=(1, 2))
+        return x.reshape(x.shape[0], -1)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.head(self.embed(x))
+
+
+@dataclasses.dataclass
+class Conv4Config:
+    name: str = "conv4"
+    filters: int = 64
+    downsample: str = "stride"  # stride (Omniglot) | maxpool (miniImageNet)
+    readout: str = "mean"  # mean (Omniglot in Finn et al.'s code) | flatten (miniImageNet)
+
+
+@MODELS.register("conv4", Conv4Config)
+def conv4(
+    num_outputs: int, *, filters: int = 64, downsample: str = "stride", readout: str = "mean"
+) -> Conv4:
+    """Conv4 with ``num_outputs`` logits; see the module docstring for the two variants.
+
+    >>> conv4(5, filters=32, downsample="maxpool", readout="flatten").filters
+    32
+    """
+    if downsample not in DOWNSAMPLING:
+        raise ValueError(f"model.downsample must be one of {DOWNSAMPLING}, got {downsample!r}")
+    if readout not in READOUTS:
+        raise ValueError(f"model.readout must be one of {READOUTS}, got {readout!r}")
+    if int(filters) < 1:
+        raise ValueError(f"model.filters must be >= 1, got {filters}")
+    return Conv4(int(num_outputs), int(filters), downsample, readout)

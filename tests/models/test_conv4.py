@@ -1,0 +1,108 @@
+"""Conv4: output shapes, parameter counts worked out by hand, batch-statistics normalisation."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from metalearn.models.base import model_from_flax
+from metalearn.models.conv4 import BatchStatNorm, Conv4, conv4
+from metalearn.registry import MODELS
+
+
+def count(tree) -> int:
+    return sum(int(x.size) for x in jax.tree_util.tree_leaves(tree))
+
+
+def block(cin: int, filters: int) -> int:
+    """One block: 3x3 kernel, conv bias, batch-norm scale and bias."""
+    return 3 * 3 * cin * filters + filters + 2 * filters
+
+
+@pytest.mark.parametrize(
+    "kwargs, input_shape, ways, features",
+    [
+        # Finn et al.'s Omniglot net: 28 -> 14 -> 7 -> 4 -> 2 by stride 2, mean over 2x2.
+        (dict(filters=64, downsample="stride", readout="mean"), (28, 28, 1), 5, 64),
+        (dict(filters=64, downsample="stride", readout="mean"), (28, 28, 1), 20, 64),
+        (dict(filters=64, downsample="stride", readout="flatten"), (28, 28, 1), 5, 2 * 2 * 64),
+        # Their miniImageNet net: 84 -> 42 -> 21 -> 10 -> 5 by 2x2 max-pool, flattened.
+        (dict(filters=32, downsample="maxpool", readout="flatten"), (84, 84, 3), 5, 5 * 5 * 32),
+        # CIFAR at 32x32: 32 -> 16 -> 8 -> 4 -> 2.
+        (dict(filters=64, downsample="maxpool", readout="flatten"), (32, 32, 3), 5, 2 * 2 * 64),
+    ],
+)
+def test_shapes_and_parameter_count(kwargs, input_shape, ways, features):
+    net = conv4(ways, **kwargs)
+    variables = net.init(jax.random.key(0), jnp.zeros((1, *input_shape)))
+    assert set(variables) == {"params"}  # nothing mutable: batch statistics are not stored
+    params = variables["params"]
+    f, cin = kwargs["filters"], input_shape[-1]
+    expected = block(cin, f) + 3 * block(f, f) + features * ways + ways
+    assert count(params) == expected
+    assert sorted(params) == [*[f"convs_{i}" for i in range(4)], "head"] + [
+        f"norms_{i}" for i in range(4)
+    ]
+    assert params["head"]["kernel"].shape == (features, ways)
+    x = jax.random.uniform(jax.random.key(1), (7, *input_shape))
+    assert net.apply({"params": params}, x).shape == (7, ways)
+    assert net.apply({"params": params}, x, method="embed").shape == (7, features)
+
+
+def test_omniglot_net_count_is_the_known_total():
+    # 768 + 3 * 37,056 + 325, written out: the 5-way Omniglot Conv4 of MAML (with conv biases).
+    params = Conv4(5).init(jax.random.key(0), jnp.zeros((1, 28, 28, 1)))["params"]
+    assert count(params) == 112_261
+
+
+def test_batch_norm_uses_the_current_batch_statistics():
+    x = jax.random.normal(jax.random.key(0), (6, 5, 5, 3)) * 3.0 + 1.0
+    norm = BatchStatNorm(epsilon=1e-3)
+    params = norm.init(jax.random.key(1), x)["params"]
+    params = {"scale": jnp.array([1.0, 2.0, 0.5]), "bias": jnp.array([0.0, -1.0, 3.0])}
+    y = norm.apply({"params": params}, x)
+    xn = np.asarray(x)
+    mean, var = xn.mean((0, 1, 2)), xn.var((0, 1, 2))
+    expected = (xn - mean) / np.sqrt(var + 1e-3) * np.array([1.0, 2.0, 0.5]) + [0.0, -1.0, 3.0]
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_an_example_output_depends_on_the_rest_of_the_batch():
+    net = Conv4(5)
+    x = jax.random.uniform(jax.random.key(0), (4, 28, 28, 1))
+    params = net.init(jax.random.key(1), x)["params"]
+    out = net.apply({"params": params}, x)
+    other = net.apply({"params": params}, x.at[1:].set(0.5 * x[1:]))
+    assert not np.allclose(out[0], other[0])
+
+
+def test_registered_and_wraps_as_a_pure_model_with_head_and_embed():
+    assert MODELS.entry("conv4").factory is conv4
+    model = model_from_flax(
+        conv4(5), (28, 28, 1), "classification", head=("head",), embed_method="embed"
+    )
+    params = model.init(jax.random.key(0))
+    x = jax.random.uniform(jax.random.key(1), (5, 28, 28, 1))
+    y = jnp.arange(5)
+    grads = jax.grad(model.loss_fn)(params, (x, y))
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree_util.tree_leaves(grads))
+    assert model.embed(params, x).shape == (5, 64)
+    # Jitted and eager agree (the module is a pure function of params).
+    np.testing.assert_allclose(
+        jax.jit(model.apply)(params, x), model.apply(params, x), rtol=1e-5, atol=1e-5
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, key",
+    [
+        (dict(downsample="avgpool"), "model.downsample"),
+        (dict(readout="max"), "model.readout"),
+        (dict(filters=0), "model.filters"),
+    ],
+)
+def test_invalid_settings_name_the_config_key(kwargs, key):
+    with pytest.raises(ValueError, match=key):
+        conv4(5, **kwargs)
