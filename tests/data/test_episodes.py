@@ -1,0 +1,158 @@
+"""The on-device episode sampler: balance, disjointness, label shuffling, determinism."""
+
+from __future__ import annotations
+
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from metalearn.data.episodes import episode_distribution, sample_episode
+
+NUM_CLASSES, PER_CLASS = 30, 12
+
+
+def tagged_images(num_classes=NUM_CLASSES, per_class=PER_CLASS) -> np.ndarray:
+    """[classes, examples, 1, 1, 2] uint8 whose pixels are (class id, example id)."""
+    c, e = np.meshgrid(np.arange(num_classes), np.arange(per_class), indexing="ij")
+    return np.stack([c, e], -1).astype(np.uint8).reshape(num_classes, per_class, 1, 1, 2)
+
+
+def ids(x: jax.Array) -> np.ndarray:
+    """(class id, example id) pairs back from float inputs in [0, 1]."""
+    return np.rint(np.asarray(x).reshape(-1, 2) * 255).astype(int)
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    arrays = {split: tagged_images() for split in ("train", "val", "test")}
+    return episode_distribution(arrays, ways=5, num_queries=4, dataset="tagged")
+
+
+@pytest.fixture(scope="module")
+def many(tasks):
+    """400 jitted 5-way 3-shot tasks, stacked."""
+    sample = jax.jit(
+        jax.vmap(lambda k: tasks.sample(tasks.splits["train"], k, 3)), static_argnums=()
+    )
+    return sample(jax.random.split(jax.random.key(0), 400))
+
+
+def test_shapes_dtypes_and_range(tasks):
+    task = tasks.sample(tasks.splits["train"], jax.random.key(1), 3)
+    (xs, ys), (xq, yq) = task
+    assert xs.shape == (15, 1, 1, 2) and ys.shape == (15,)
+    assert xq.shape == (20, 1, 1, 2) and yq.shape == (20,)
+    assert xs.dtype == jnp.float32 and ys.dtype == jnp.int32
+    assert float(xs.min()) >= 0.0 and float(xq.max()) <= 1.0
+    assert tasks.input_shape == (1, 1, 2) and tasks.num_outputs == tasks.ways == 5
+    assert tasks.kind == "classification"
+
+
+def test_class_balance_and_one_label_per_class(many):
+    (xs, ys), (xq, yq) = many
+    for t in range(len(ys)):
+        assert collections.Counter(np.asarray(ys[t]).tolist()) == {i: 3 for i in range(5)}
+        assert collections.Counter(np.asarray(yq[t]).tolist()) == {i: 4 for i in range(5)}
+        label_of = {}
+        for (c, _), y in zip(ids(xs[t]), np.asarray(ys[t]), strict=True):
+            assert label_of.setdefault(c, y) == y
+        for (c, _), y in zip(ids(xq[t]), np.asarray(yq[t]), strict=True):
+            assert label_of[c] == y  # queries come from the support classes, same labels
+        assert len(label_of) == 5  # five distinct classes
+
+
+def test_support_and_query_never_share_an_example(many):
+    (xs, _), (xq, _) = many
+    for t in range(len(xs)):
+        support = {tuple(p) for p in ids(xs[t])}
+        query = {tuple(p) for p in ids(xq[t])}
+        assert len(support) == 15 and len(query) == 20
+        assert not support & query
+
+
+def chi_square(counts: np.ndarray) -> float:
+    """Pearson's statistic against equal expected counts."""
+    expected = counts.sum() / len(counts)
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def test_labels_are_a_fresh_permutation_per_task(many):
+    (xs, ys), _ = many
+    # The label of the lowest drawn class id is uniform over 0..4, and label orders vary.
+    first = []
+    orders = set()
+    for t in range(len(ys)):
+        classes, labels = ids(xs[t])[:, 0].tolist(), np.asarray(ys[t]).tolist()
+        pairs = sorted(set(zip(classes, labels, strict=True)))
+        first.append(pairs[0][1])
+        orders.add(tuple(y for _, y in pairs))
+    assert chi_square(np.bincount(first, minlength=5)) < 18.5  # 4 dof, p = 0.001
+    assert len(orders) > 80  # of 120 permutations (~115 expected in 400 draws)
+
+
+def test_classes_and_examples_are_drawn_uniformly(many):
+    (xs, _), (xq, _) = many
+    drawn = np.concatenate([ids(xs), ids(xq)])
+    class_counts = np.bincount(drawn[:, 0], minlength=NUM_CLASSES) // 7  # 7 per drawn class
+    assert class_counts.sum() == 400 * 5
+    assert chi_square(class_counts) < 58.3  # 29 dof, p = 0.001
+    example_counts = np.bincount(drawn[:, 1], minlength=PER_CLASS)
+    assert chi_square(example_counts) < 31.3  # 11 dof, p = 0.001
+
+
+def test_deterministic_given_the_key_and_different_across_keys(tasks):
+    arrays = tasks.splits["val"]
+    a = tasks.sample(arrays, jax.random.key(7), 2)
+    b = tasks.sample(arrays, jax.random.key(7), 2)
+    c = tasks.sample(arrays, jax.random.key(8), 2)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, a, b)
+    assert not np.array_equal(a.support[0], c.support[0])
+    jitted = jax.jit(tasks.sample, static_argnums=2)(arrays, jax.random.key(7), 2)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, a, jitted)
+
+
+def test_split_arrays_are_an_argument_not_a_constant(tasks):
+    jaxpr = jax.make_jaxpr(lambda arrays, k: tasks.sample(arrays, k, 1))(
+        tasks.splits["train"], jax.random.key(0)
+    )
+    assert not any(np.size(c) >= NUM_CLASSES * PER_CLASS for c in jaxpr.consts)
+
+
+def test_invalid_settings_name_the_config_key():
+    arrays = {split: tagged_images() for split in ("train", "val", "test")}
+    with pytest.raises(ValueError, match=r"data.ways must be >= 2, got 1"):
+        episode_distribution(arrays, ways=1, num_queries=4, dataset="tagged")
+    with pytest.raises(ValueError, match=r"data.num_queries must be >= 1, got 0"):
+        episode_distribution(arrays, ways=5, num_queries=0, dataset="tagged")
+    with pytest.raises(ValueError, match=r"data.ways=31 exceeds the 30 classes"):
+        episode_distribution(arrays, ways=31, num_queries=4, dataset="tagged")
+    with pytest.raises(ValueError, match=r"data.num_queries=12 leaves no support"):
+        episode_distribution(arrays, ways=5, num_queries=12, dataset="tagged")
+    tasks = episode_distribution(arrays, ways=5, num_queries=4, dataset="tagged")
+    with pytest.raises(ValueError, match=r"shots=9 \+ data.num_queries=4 exceeds the 12"):
+        tasks.sample(tasks.splits["train"], jax.random.key(0), 9)
+    with pytest.raises(ValueError, match=r"shots must be >= 1"):
+        tasks.sample(tasks.splits["train"], jax.random.key(0), 0)
+
+
+def test_rejects_ragged_or_mistyped_arrays():
+    good = tagged_images()
+    with pytest.raises(ValueError, match="uint8"):
+        episode_distribution(
+            {"train": good.astype(np.float32), "val": good, "test": good},
+            ways=5,
+            num_queries=2,
+            dataset="tagged",
+        )
+    with pytest.raises(ValueError, match="differ in image shape"):
+        episode_distribution(
+            {"train": good, "val": good, "test": np.zeros((30, 12, 2, 2, 2), np.uint8)},
+            ways=5,
+            num_queries=2,
+            dataset="tagged",
+        )
+    with pytest.raises(ValueError, match="cannot draw"):
+        sample_episode(jnp.asarray(good), jax.random.key(0), ways=5, shots=10, num_queries=3)
