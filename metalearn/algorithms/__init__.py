@@ -1,6 +1,19 @@
-"""Meta-learning algorithms, one file each, registered by name in ``ALGORITHMS``."""
+"""Meta-learning algorithms, one file each, registered by name in ``ALGORITHMS``.
 
-from metalearn.algorithms import maml  # noqa: F401  (registers maml, fomaml)
-from metalearn.algorithms.base import MetaLearner
+``maml``, ``fomaml``, ``reptile``, ``anil``, ``meta_sgd``, ``mamlpp``, ``imaml``, ``protonet``:
+each factory takes the :class:`~metalearn.models.base.Model` and the fields of its config
+dataclass, and returns a :class:`MetaLearner` of pure functions.
+"""
 
-__all__ = ["MetaLearner"]
+from metalearn.algorithms import (  # noqa: F401  (each registers itself)
+    anil,
+    imaml,
+    maml,
+    mamlpp,
+    meta_sgd,
+    protonet,
+    reptile,
+)
+from metalearn.algorithms.base import MetaLearner, algorithm_lr_schedule
+
+__all__ = ["MetaLearner", "algorithm_lr_schedule"]

@@ -42,26 +42,31 @@ class MetaLearner(NamedTuple):
 
 
 def check_positive(key: str, value: float) -> None:
+    """``value > 0``."""
     if isinstance(value, bool) or not value > 0:
         raise ValueError(f"algorithm.{key} must be > 0, got {value!r}")
 
 
 def check_nonnegative(key: str, value: float) -> None:
+    """``value >= 0``."""
     if isinstance(value, bool) or not value >= 0:
         raise ValueError(f"algorithm.{key} must be >= 0, got {value!r}")
 
 
 def check_fraction(key: str, value: float) -> None:
+    """``0 <= value <= 1``."""
     if isinstance(value, bool) or not 0 <= value <= 1:
         raise ValueError(f"algorithm.{key} must be in [0, 1], got {value!r}")
 
 
 def check_count(key: str, value: int, minimum: int = 1) -> None:
+    """An integer ``value >= minimum`` (not a bool)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"algorithm.{key} must be an integer >= {minimum}, got {value!r}")
 
 
 def check_choice(key: str, value: str, choices: Sequence[str]) -> None:
+    """``value`` is one of ``choices``."""
     if value not in choices:
         raise ValueError(f"algorithm.{key} must be one of {list(choices)}, got {value!r}")
 

@@ -94,7 +94,20 @@ def maml(
 
 @ALGORITHMS.register("fomaml", FOMAMLConfig)
 def fomaml(model: Model, *, inner_lr=0.01, num_steps=1, first_order=True, remat=False):
-    """First-order MAML: :func:`maml` with gradients stopped through the inner gradients."""
+    """First-order MAML: :func:`maml` with gradients stopped through the inner gradients.
+
+    The meta-gradient is the query-loss gradient at the adapted parameters.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from metalearn.models.base import Model
+    >>> model = Model(init=lambda key: jnp.zeros(2), apply=lambda w, x: x @ w,
+    ...               loss=lambda out, y: 0.5 * jnp.mean((out - y) ** 2),
+    ...               metrics=lambda out, y: {})
+    >>> task = Task(support=(jnp.eye(2), jnp.ones(2)), query=(jnp.eye(2), 3 * jnp.ones(2)))
+    >>> grads, _ = fomaml(model, inner_lr=1.0).task_grad(jnp.zeros(2), task, 0.0)
+    >>> grads   # adapted w = [0.5, 0.5]; d/dw 0.5 mean((w - 3)^2) = (w - 3) / 2
+    Array([-1.25, -1.25], dtype=float32)
+    """
     if not first_order:
         raise ValueError("algorithm=fomaml is first order; use algorithm=maml for second order")
     return maml(model, inner_lr=inner_lr, num_steps=num_steps, first_order=True, remat=remat)

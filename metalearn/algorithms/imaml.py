@@ -1,0 +1,135 @@
+"""Implicit MAML (Rajeswaran, Finn, Kakade and Levine 2019): implicit meta-gradients.
+
+The inner problem is proximal: ``phi = argmin_phi L_support(phi) + (lam / 2) |phi - theta|^2``,
+solved approximately by ``num_steps`` gradient-descent steps from ``theta``; nothing is
+differentiated through those steps (``stop_gradient``). At an exact solution
+``d phi / d theta = (I + H / lam)^{-1}`` with ``H`` the Hessian of ``L_support`` at ``phi``, so
+the meta-gradient is ``x`` solving ``(I + H / lam) x = grad L_query(phi)``: ``cg_iters``
+iterations of conjugate gradient with Hessian-vector products at ``phi``.
+
+Memory does not grow with ``num_steps``: no inner-loop activations are kept for a backward pass.
+The inner loop is a rolled ``lax.scan`` (``unroll=1``): nothing differentiates through it, and
+compile time stays flat in ``num_steps`` (unrolled, 200 steps of the sinusoid MLP take minutes
+to compile on CPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from metalearn.algorithms.base import (
+    MetaLearner,
+    check_count,
+    check_inner_loop_settings,
+    check_nonnegative,
+    check_positive,
+    evaluate_trajectory,
+    query_metrics,
+)
+from metalearn.core import adapt, adapt_trajectory, cg_solve, hvp
+from metalearn.data.task import Task
+from metalearn.models.base import Model
+from metalearn.registry import ALGORITHMS
+
+
+@dataclasses.dataclass
+class IMAMLConfig:
+    name: str = "imaml"
+    inner_lr: float = 0.005
+    num_steps: int = 20
+    lam: float = 20.0
+    cg_iters: int = 5
+    cg_tol: float = 1e-6
+
+
+def _squared_distance(a, b) -> jax.Array:
+    squares = jax.tree_util.tree_map(lambda x, y: jnp.sum((x - y) ** 2), a, b)
+    return sum(jax.tree_util.tree_leaves(squares))
+
+
+@ALGORITHMS.register("imaml", IMAMLConfig)
+def imaml(
+    model: Model,
+    *,
+    inner_lr: float = 0.005,
+    num_steps: int = 20,
+    lam: float = 20.0,
+    cg_iters: int = 5,
+    cg_tol: float = 1e-6,
+) -> MetaLearner:
+    """iMAML: proximal inner loop (strength ``lam``), implicit meta-gradient by CG.
+
+    ``num_steps`` SGD steps of rate ``inner_lr`` on ``L_support(phi) + lam/2 |phi - theta|^2``;
+    then ``cg_iters`` conjugate-gradient iterations (stopping early at relative residual
+    ``cg_tol``) on ``(I + H / lam) x = grad L_query(phi)``. The meta-parameters are the model
+        parameters. Evaluation fine-tunes with the same proximal objective. The defaults suit the
+    sinusoid MLP, whose support-loss Hessian has eigenvalues up to ~200 at initialisation: a large
+    ``lam`` keeps ``I + H / lam`` well conditioned for a 5-step CG, and
+    ``inner_lr * (200 + lam) < 2`` keeps the inner descent stable.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from metalearn.data.sinusoid import sinusoid
+    >>> from metalearn.models.base import model_from_flax
+    >>> from metalearn.models.mlp import MLP
+    >>> model = model_from_flax(MLP((40, 40), 1), (1,), "regression")
+    >>> learner = imaml(model, inner_lr=0.005, num_steps=20, lam=20.0, cg_iters=5)
+    >>> theta = learner.init(jax.random.key(0), model.init(jax.random.key(1)))
+    >>> tasks = sinusoid()
+    >>> task = tasks.sample(tasks.splits["train"], jax.random.key(2), 10)
+    >>> grads, metrics = jax.jit(learner.task_grad)(theta, task, 0.0)
+    >>> evaluate = jax.jit(learner.evaluate, static_argnums=2)
+    >>> grads["head"]["kernel"].shape, evaluate(theta, task, (0, 20))["mse"].shape
+    ((40, 1), (2,))
+    """
+    check_inner_loop_settings(inner_lr, num_steps)
+    check_positive("lam", lam)
+    check_count("cg_iters", cg_iters)
+    check_nonnegative("cg_tol", cg_tol)
+
+    def proximal_loss(theta):
+        anchor = jax.lax.stop_gradient(theta)
+        return lambda phi, batch: (
+            model.loss_fn(phi, batch) + 0.5 * lam * _squared_distance(phi, anchor)
+        )
+
+    def init(key, model_params):
+        del key
+        return model_params
+
+    def adapt_params(theta, support, steps=num_steps):
+        theta = jax.lax.stop_gradient(theta)
+        phi = adapt(
+            proximal_loss(theta), theta, support, inner_lr=inner_lr, num_steps=steps, unroll=1
+        )
+        return jax.lax.stop_gradient(phi)
+
+    def task_grad(theta, task: Task, progress):
+        del progress
+        phi = adapt_params(theta, task.support)
+        (_, metrics), query_grad = jax.value_and_grad(
+            lambda p: query_metrics(model, p, task), has_aux=True
+        )(phi)
+
+        def support_loss(p):
+            return model.loss_fn(p, task.support)
+
+        def matvec(v):
+            return jax.tree_util.tree_map(
+                lambda vi, hvi: vi + hvi / lam, v, hvp(support_loss, phi, v)
+            )
+
+        meta_grad = cg_solve(matvec, query_grad, max_iters=cg_iters, tol=cg_tol).x
+        return meta_grad, metrics
+
+    def evaluate(theta, task: Task, steps):
+        def trajectory(support, n):
+            return adapt_trajectory(
+                proximal_loss(theta), theta, support, inner_lr=inner_lr, num_steps=n, unroll=1
+            )
+
+        return evaluate_trajectory(model, trajectory, task, steps)
+
+    return MetaLearner(init, task_grad, evaluate, adapt_params)

@@ -1,0 +1,155 @@
+"""Prototypical Networks (Snell, Swersky and Zemel 2017): classify by distance to class means.
+
+Each class's prototype is the mean embedding (``model.embed``) of its support examples; a query
+example's logits are the negative squared Euclidean distances to the prototypes. The outer loop
+trains the embedding on the query cross-entropy. There is no inner loop: ``evaluate`` returns the
+same metrics for every requested step count, and the head of the model is not used (its
+meta-gradient is zero).
+
+Needs a classification task distribution (integer labels ``0 .. ways-1``) and a model with
+``embed``. The number of ways is not passed in: prototypes are computed for every label below
+the support-set size (a static upper bound on the ways) and labels absent from the support set
+get logit ``-inf``, which leaves the softmax, the cross-entropy and the accuracy exactly those of
+the ``ways`` present classes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from metalearn.algorithms.base import MetaLearner, split_top_level
+from metalearn.data.task import Task
+from metalearn.models.base import Model
+from metalearn.registry import ALGORITHMS
+
+
+@dataclasses.dataclass
+class ProtoNetConfig:
+    name: str = "protonet"
+
+
+def class_prototypes(
+    embeddings: jax.Array, labels: jax.Array, num_classes: int
+) -> tuple[jax.Array, jax.Array]:
+    """``(prototypes [num_classes, dim], counts [num_classes])``: per-class mean embeddings.
+
+    A class with no example gets a zero prototype and count 0.
+
+    >>> import jax.numpy as jnp
+    >>> protos, counts = class_prototypes(jnp.array([[0.0], [2.0], [5.0]]), jnp.array([0, 0, 1]), 3)
+    >>> protos.ravel().tolist(), counts.tolist()
+    ([1.0, 5.0, 0.0], [2.0, 1.0, 0.0])
+    """
+    one_hot = jax.nn.one_hot(labels, num_classes, dtype=embeddings.dtype)
+    counts = one_hot.sum(0)
+    sums = one_hot.T @ embeddings
+    return sums / jnp.maximum(counts, 1)[:, None], counts
+
+
+def prototypical_logits(
+    support_embeddings: jax.Array,
+    support_labels: jax.Array,
+    query_embeddings: jax.Array,
+    num_classes: int,
+) -> jax.Array:
+    """Logits ``[num_queries, num_classes]``: ``-|query - prototype_c|^2``, ``-inf`` for absent c.
+
+    >>> import jax.numpy as jnp
+    >>> support, labels = jnp.array([[0.0], [2.0], [5.0]]), jnp.array([0, 0, 1])
+    >>> prototypical_logits(support, labels, jnp.array([[2.0]]), 3).tolist()
+    [[-1.0, -9.0, -inf]]
+    """
+    protos, counts = class_prototypes(support_embeddings, support_labels, num_classes)
+    diff = query_embeddings[:, None, :] - protos[None, :, :]
+    logits = -jnp.sum(diff**2, axis=-1)
+    return jnp.where(counts[None, :] > 0, logits, -jnp.inf)
+
+
+def _check_classification(task_or_support) -> None:
+    labels = task_or_support[1]
+    if not jnp.issubdtype(labels.dtype, jnp.integer) or labels.ndim != 1:
+        raise ValueError(
+            "algorithm=protonet needs a classification task distribution (integer class labels "
+            f"of shape [examples]); got labels of dtype {labels.dtype} and shape {labels.shape}"
+            " (regression tasks such as sinusoid have no classes to build prototypes from)"
+        )
+
+
+@ALGORITHMS.register("protonet", ProtoNetConfig)
+def protonet(model: Model) -> MetaLearner:
+    """Prototypical Networks on ``model.embed``; the meta-parameters are the model parameters.
+
+    ``adapt`` returns the model parameters with the head replaced by the equivalent linear
+    classifier (weights ``2 c``, bias ``-|c|^2`` per prototype ``c``, Snell et al. Sec. 2.4), so
+    ``model.apply`` on the adapted parameters predicts like the prototypes; this needs a head of
+    one Dense entry (``kernel [dim, ways]``, ``bias [ways]``) fed by ``model.embed``.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from metalearn.data.task import Task
+    >>> from metalearn.models.base import model_from_flax
+    >>> from metalearn.models.mlp import MLP
+    >>> model = model_from_flax(
+    ...     MLP((32, 16), 3), (4,), "classification", head=("head",), embed_method="embed")
+    >>> learner = protonet(model)
+    >>> params = learner.init(jax.random.key(0), model.init(jax.random.key(1)))
+    >>> x = jax.random.normal(jax.random.key(2), (12, 4))
+    >>> labels = jnp.tile(jnp.arange(3), 4)
+    >>> task = Task(support=(x[:6], labels[:6]), query=(x[6:], labels[6:]))
+    >>> grads, metrics = jax.jit(learner.task_grad)(params, task, 0.0)
+    >>> evaluate = jax.jit(learner.evaluate, static_argnums=2)
+    >>> sorted(metrics), evaluate(params, task, (0, 1, 5))["accuracy"].shape
+    (['accuracy', 'loss'], (3,))
+    """
+    if model.embed is None:
+        raise ValueError(
+            "algorithm=protonet needs a model with an embedding (Model.embed, e.g. "
+            "model_from_flax(..., embed_method='embed')); this model has none"
+        )
+
+    def init(key, model_params):
+        del key
+        return model_params
+
+    def logits_and_labels(params, task: Task):
+        _check_classification(task.support)
+        _check_classification(task.query)
+        support_x, support_y = task.support
+        num_classes = support_y.shape[0]  # static upper bound on the ways
+        support_embeddings = model.embed(params, support_x)
+        query_embeddings = model.embed(params, task.query[0])
+        logits = prototypical_logits(support_embeddings, support_y, query_embeddings, num_classes)
+        return logits, task.query[1]
+
+    def task_grad(params, task: Task, progress):
+        del progress
+
+        def query_loss(p):
+            logits, labels = logits_and_labels(p, task)
+            return model.loss(logits, labels), model.metrics(logits, labels)
+
+        (_, metrics), grads = jax.value_and_grad(query_loss, has_aux=True)(params)
+        return grads, metrics
+
+    def evaluate(params, task: Task, steps):
+        metrics = model.metrics(*logits_and_labels(params, task))
+        return {k: jnp.broadcast_to(v, (len(tuple(steps)),)) for k, v in metrics.items()}
+
+    def adapt_params(params, support, num_steps=0):
+        del num_steps  # no inner loop
+        _check_classification(support)
+        head, _ = split_top_level(params, tuple(model.head))
+        entry = head[model.head[0]] if len(head) == 1 else None
+        if entry is None or set(entry) != {"kernel", "bias"} or entry["kernel"].ndim != 2:
+            raise ValueError(
+                "protonet's adapt writes the prototypes into the head and needs a head of one "
+                "Dense entry with 'kernel' [dim, ways] and 'bias' [ways]"
+            )
+        num_classes = entry["kernel"].shape[1]
+        protos, counts = class_prototypes(model.embed(params, support[0]), support[1], num_classes)
+        bias = jnp.where(counts > 0, -jnp.sum(protos**2, axis=-1), -jnp.inf)
+        return {**params, model.head[0]: {"kernel": 2.0 * protos.T, "bias": bias}}
+
+    return MetaLearner(init, task_grad, evaluate, adapt_params)

@@ -1,0 +1,112 @@
+"""Reptile (Nichol, Achiam and Schulman 2018): move the initialisation toward adapted weights.
+
+For each task, run ``num_steps`` steps of SGD (or Adam) on its support set from the current
+initialisation ``theta`` to get ``phi``; Reptile then moves ``theta`` toward ``phi``:
+``theta <- theta + epsilon * mean_tasks(phi - theta)``.
+
+Here ``task_grad`` returns ``theta - phi`` (the "Reptile gradient"), so an outer ``optax.sgd``
+with learning rate ``epsilon`` applied to the meta-batch mean of it is exactly the batched
+Reptile update. Any other optax optimiser (e.g. Adam, as in the paper's few-shot experiments)
+treats ``theta - phi`` as a gradient. No gradient flows through the inner loop.
+
+The inner loop trains on the support set only, full batch (the paper samples mini-batches from
+the task's training data; with few-shot support sets that is the whole set). Evaluation fine-tunes
+with the same inner optimiser, like MAML; no transduction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import optax
+
+from metalearn.algorithms.base import (
+    MetaLearner,
+    check_choice,
+    check_fraction,
+    check_inner_loop_settings,
+    evaluate_trajectory,
+    query_metrics,
+)
+from metalearn.core import adapt, adapt_trajectory
+from metalearn.data.task import Task
+from metalearn.models.base import Model
+from metalearn.registry import ALGORITHMS
+
+INNER_OPTIMIZERS = ("sgd", "adam")
+
+
+@dataclasses.dataclass
+class ReptileConfig:
+    name: str = "reptile"
+    inner_lr: float = 0.02
+    num_steps: int = 5
+    inner_optimizer: str = "sgd"
+    adam_b1: float = 0.0
+
+
+@ALGORITHMS.register("reptile", ReptileConfig)
+def reptile(
+    model: Model,
+    *,
+    inner_lr: float = 0.02,
+    num_steps: int = 5,
+    inner_optimizer: str = "sgd",
+    adam_b1: float = 0.0,
+) -> MetaLearner:
+    """Reptile: ``task_grad`` is ``theta - phi`` for ``phi`` the weights after ``num_steps``.
+
+    ``inner_optimizer`` is ``"sgd"`` (rate ``inner_lr``) or ``"adam"`` (``optax.adam`` with rate
+    ``inner_lr`` and ``b1 = adam_b1``; the paper uses ``b1 = 0``). The meta-parameters are the
+    model parameters. Use an outer ``optax.sgd(epsilon)`` for the update of the paper's
+    Algorithm 2 (``theta += epsilon * mean(phi - theta)``).
+
+    >>> import jax, jax.numpy as jnp, optax
+    >>> from metalearn.data.sinusoid import sinusoid
+    >>> from metalearn.models.base import model_from_flax
+    >>> from metalearn.models.mlp import MLP
+    >>> model = model_from_flax(MLP((40, 40), 1), (1,), "regression")
+    >>> learner = reptile(model, inner_lr=0.02, num_steps=5)
+    >>> theta = learner.init(jax.random.key(0), model.init(jax.random.key(1)))
+    >>> tasks = sinusoid()
+    >>> task = tasks.sample(tasks.splits["train"], jax.random.key(2), 10)
+    >>> grads, metrics = jax.jit(learner.task_grad)(theta, task, 0.0)
+    >>> phi = learner.adapt(theta, task.support, 5)
+    >>> updates, _ = optax.sgd(1.0).update(grads, optax.sgd(1.0).init(theta))
+    >>> moved = optax.apply_updates(theta, updates)       # epsilon = 1 lands on phi
+    >>> bool(jnp.allclose(moved["head"]["kernel"], phi["head"]["kernel"], atol=1e-6))
+    True
+    """
+    check_inner_loop_settings(inner_lr, num_steps)
+    check_choice("inner_optimizer", inner_optimizer, INNER_OPTIMIZERS)
+    check_fraction("adam_b1", adam_b1)
+    if adam_b1 == 1:
+        raise ValueError(f"algorithm.adam_b1 must be < 1, got {adam_b1}")
+
+    def inner_kwargs():
+        if inner_optimizer == "adam":
+            return {"optimizer": optax.adam(inner_lr, b1=adam_b1)}
+        return {"inner_lr": inner_lr}
+
+    def init(key, model_params):
+        del key
+        return model_params
+
+    def adapt_params(params, support, steps=num_steps):
+        params = jax.lax.stop_gradient(params)
+        return adapt(model.loss_fn, params, support, num_steps=steps, **inner_kwargs())
+
+    def task_grad(params, task: Task, progress):
+        del progress
+        adapted = adapt_params(params, task.support)
+        _, metrics = query_metrics(model, adapted, task)
+        return jax.tree_util.tree_map(lambda p, a: p - a, params, adapted), metrics
+
+    def evaluate(params, task: Task, steps):
+        def trajectory(support, n):
+            return adapt_trajectory(model.loss_fn, params, support, num_steps=n, **inner_kwargs())
+
+        return evaluate_trajectory(model, trajectory, task, steps)
+
+    return MetaLearner(init, task_grad, evaluate, adapt_params)
