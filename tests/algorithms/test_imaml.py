@@ -1,0 +1,106 @@
+"""iMAML against the closed-form implicit gradient of a quadratic; memory flat in the steps."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from metalearn.algorithms.imaml import imaml
+from metalearn.core import maml_loss
+from tests.algorithms.problems import (
+    init_params,
+    linear_model,
+    linear_task,
+    quadratic_terms,
+    sine_model,
+    sine_task,
+)
+
+
+def test_implicit_gradient_equals_the_exact_linear_solve():
+    """Support loss 0.5 w^T A w - b^T w: the proximal solution is phi = (A + lam I)^-1 (b + lam
+    theta), so d phi / d theta = lam (A + lam I)^-1 and the meta-gradient is
+    (I + A / lam)^-1 grad L_query(phi), computed here with numpy in float64."""
+    lam = 0.7
+    with jax.enable_x64(True):
+        theta, task = linear_task(seed=4, n=8, dim=3, dtype=np.float64)
+        a, b = quadratic_terms(task.support)
+        aq, bq = quadratic_terms(task.query)
+        lr = 1.0 / (np.linalg.eigvalsh(a).max() + lam)  # descent converges geometrically
+        learner = imaml(
+            linear_model(3), inner_lr=float(lr), num_steps=400, lam=lam, cg_iters=3, cg_tol=0.0
+        )
+        grad, _ = jax.jit(learner.task_grad)(theta, task, 0.0)
+        phi = jax.jit(learner.adapt)(theta, task.support)
+
+    theta64 = np.asarray(theta)
+    phi_exact = np.linalg.solve(a + lam * np.eye(3), b + lam * theta64)
+    np.testing.assert_allclose(phi, phi_exact, rtol=1e-10, atol=1e-12)
+    want = np.linalg.solve(np.eye(3) + a / lam, aq @ phi_exact - bq)
+    np.testing.assert_allclose(grad, want, rtol=1e-9, atol=1e-12)
+    # The same, by differentiating the closed form of phi(theta) with autodiff instead.
+    with jax.enable_x64(True):
+
+        def query_loss_of_exact_phi(t):
+            phi_t = jnp.linalg.solve(a + lam * jnp.eye(3), b + lam * t)
+            return 0.5 * phi_t @ aq @ phi_t - bq @ phi_t
+
+        np.testing.assert_allclose(grad, jax.grad(query_loss_of_exact_phi)(theta), rtol=1e-9)
+
+
+def test_inner_loop_is_not_differentiated():
+    theta, task = linear_task(seed=5)
+    learner = imaml(linear_model(3), inner_lr=0.1, num_steps=3, lam=1.0)
+    grad = jax.grad(lambda t: jnp.sum(learner.adapt(t, task.support)))(theta)
+    np.testing.assert_array_equal(grad, np.zeros(3))
+
+
+def temp_bytes(fn, *args) -> int:
+    return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
+def memory_problem(kind):
+    if kind == "tanh":  # a one-unit non-linear regressor, cheap to compile: the default suite
+        linear = linear_model(16)
+        model = linear._replace(apply=lambda w, x: jnp.tanh(x @ w))
+        theta, task = linear_task(seed=6, n=200, dim=16)
+        return model, theta, task
+    model = sine_model()
+    return model, init_params(model), sine_task(1, shots=50)
+
+
+@pytest.mark.parametrize("kind", ["tanh", pytest.param("mlp", marks=pytest.mark.slow)])
+def test_compiled_memory_does_not_grow_with_inner_steps(kind):
+    """Temporary buffers of the compiled task_grad: flat from 5 to 50 inner steps for iMAML;
+    backpropagating through the same number of (rolled) MAML steps grows with them."""
+    model, params, task = memory_problem(kind)
+    imaml_bytes = [
+        temp_bytes(imaml(model, num_steps=n).task_grad, params, task, 0.0) for n in (5, 50)
+    ]
+    assert imaml_bytes[1] <= 1.1 * imaml_bytes[0], imaml_bytes
+
+    def maml_grad(n):  # backprop through a (rolled) inner loop stores every step
+        return jax.grad(
+            lambda p: maml_loss(
+                model.loss_fn, p, task.support, task.query, inner_lr=0.01, num_steps=n, unroll=1
+            )
+        )
+
+    maml_bytes = [temp_bytes(maml_grad(n), params) for n in (5, 50)]
+    assert maml_bytes[1] > 4 * maml_bytes[0], (imaml_bytes, maml_bytes)
+
+
+@pytest.mark.parametrize(
+    "kwargs, key",
+    [
+        ({"lam": 0.0}, "lam"),
+        ({"lam": -1.0}, "lam"),
+        ({"inner_lr": -0.01}, "inner_lr"),
+        ({"num_steps": 0}, "num_steps"),
+        ({"cg_iters": 0}, "cg_iters"),
+        ({"cg_tol": -1e-3}, "cg_tol"),
+    ],
+)
+def test_bad_config_values_name_the_key(kwargs, key):
+    with pytest.raises(ValueError, match=f"algorithm.{key}"):
+        imaml(linear_model(3), **kwargs)

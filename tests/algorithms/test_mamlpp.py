@@ -1,0 +1,182 @@
+"""MAML++ against MAML, FOMAML and hand-built multi-step losses; per-step norm parameters."""
+
+import functools
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+from metalearn.algorithms.base import algorithm_lr_schedule
+from metalearn.algorithms.maml import maml
+from metalearn.algorithms.mamlpp import MAMLPPConfig, mamlpp, multi_step_loss_weights
+from metalearn.core import maml_loss
+from metalearn.models.base import model_from_flax
+from tests.algorithms.problems import (
+    init_params,
+    random_like,
+    sine_task,
+    small_sine_model,
+    to64,
+    tree_vdot,
+)
+
+ONE_TASK = sine_task(1)
+
+
+small_model = small_sine_model
+
+
+class NormNet(nn.Module):
+    """Dense -> LayerNorm (learnable scale/bias, current-batch statistics) -> tanh -> head."""
+
+    @nn.compact
+    def __call__(self, x):
+        x = jnp.tanh(nn.LayerNorm(name="LayerNorm_0")(nn.Dense(8, name="hidden_0")(x)))
+        return nn.Dense(1, name="head")(x)
+
+
+@pytest.mark.parametrize("num_steps", [1, 3, 6])
+@pytest.mark.parametrize("progress", [0.0, 0.03, 0.06, 0.2, 1.0])
+def test_loss_weights_sum_to_one_and_end_on_the_last_step(num_steps, progress):
+    w = np.asarray(multi_step_loss_weights(progress, num_steps, 0.1))
+    np.testing.assert_allclose(w.sum(), 1.0, rtol=1e-6)
+    assert np.all(w >= 0) and w[-1] == w.max()
+    if progress >= 0.1:
+        np.testing.assert_array_equal(w, np.eye(num_steps)[-1])
+    if progress == 0.0:
+        np.testing.assert_allclose(w, np.full(num_steps, 1 / num_steps), rtol=1e-6)
+
+
+def test_gradient_is_the_weighted_maml_gradient_with_order_and_weights_following_progress():
+    """One compiled step, three phases of training (msl_fraction 0.1, first_order_fraction 0.02):
+    progress 0.01, multi-step loss, first order; 0.04, multi-step loss, second order; 0.5, all
+    weight on the last step, second order: exactly MAML, since the LSLR rates all equal the
+    scalar. The reference is sum_k w_k grad maml_loss(k steps), from core."""
+    model = small_model()
+    params = init_params(model)
+    learner = mamlpp(model, inner_lr=0.05, num_steps=3, msl_fraction=0.1, first_order_fraction=0.02)
+    meta = learner.init(jax.random.key(0), params)
+    step = jax.jit(learner.task_grad)
+
+    @functools.partial(jax.jit, static_argnums=2)
+    def reference(p, weights, first_order):
+        def weighted(q):
+            losses = [
+                maml_loss(
+                    model.loss_fn,
+                    q,
+                    ONE_TASK.support,
+                    ONE_TASK.query,
+                    inner_lr=0.05,
+                    num_steps=k,
+                    first_order=first_order,
+                )
+                for k in (1, 2, 3)
+            ]
+            return sum(w * loss for w, loss in zip(weights, losses, strict=True))
+
+        return jax.grad(weighted)(p)
+
+    for progress, first_order in [(0.01, True), (0.04, False), (0.5, False)]:
+        weights = multi_step_loss_weights(progress, 3, 0.1)
+        got, metrics = step(meta, ONE_TASK, progress)
+        want = reference(params, weights, first_order)
+        chex.assert_trees_all_close(got["params"], want, rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(weights, [0.0, 0.0, 1.0])
+    maml_grad, maml_metrics = jax.jit(maml(model, inner_lr=0.05, num_steps=3).task_grad)(
+        params, ONE_TASK, 0.5
+    )
+    chex.assert_trees_all_close(got["params"], maml_grad, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(metrics["mse"], maml_metrics["mse"], rtol=1e-6)
+    assert step._cache_size() == 1
+
+
+@pytest.mark.slow
+def test_per_step_rate_gradient_matches_finite_differences():
+    model = small_model()
+    progress = 0.05
+    with jax.enable_x64(True):
+        learner = mamlpp(model, inner_lr=0.05, num_steps=2, first_order_fraction=0)
+        meta = to64(learner.init(jax.random.key(0), init_params(model)))
+        task = to64(ONE_TASK)
+        grads, _ = jax.jit(learner.task_grad)(meta, task, progress)
+
+        @jax.jit
+        def loss_of_rates(rates):  # the multi-step loss, built from adapt for 1 and 2 steps
+            mp = {**meta, "inner_lr": rates}
+            w = multi_step_loss_weights(progress, 2, 0.1)
+            traj = [learner.adapt(mp, task.support, k) for k in (1, 2)]
+            return sum(wk * model.loss_fn(p, task.query) for wk, p in zip(w, traj, strict=True))
+
+        check_grads(loss_of_rates, (meta["inner_lr"],), order=1, modes=["rev"])
+        direction = random_like(meta["inner_lr"], jax.random.key(3))
+        h = 1e-6
+        bumped = lambda s: jax.tree_util.tree_map(  # noqa: E731
+            lambda r, d: r + s * h * d, meta["inner_lr"], direction
+        )
+        numeric = (loss_of_rates(bumped(1)) - loss_of_rates(bumped(-1))) / (2 * h)
+        np.testing.assert_allclose(tree_vdot(grads["inner_lr"], direction), numeric, rtol=1e-6)
+
+
+def test_per_step_norm_copies_are_swapped_in_and_add_up_to_the_maml_gradient():
+    model = model_from_flax(NormNet(), (1,), "regression", head=("head",))
+    params = init_params(model)
+    learner = mamlpp(model, inner_lr=0.05, num_steps=2, msl_fraction=0, first_order_fraction=0)
+    meta = learner.init(jax.random.key(0), params)
+    assert sorted(meta["norm"]) == ["LayerNorm_0/bias", "LayerNorm_0/scale"]
+    assert "LayerNorm_0/scale" not in meta["inner_lr"]
+    assert meta["norm"]["LayerNorm_0/scale"].shape == (2, 8)
+
+    # Norm parameters are not adapted; after k steps the forward pass uses copy k.
+    marked = {
+        **meta,
+        "norm": {**meta["norm"], "LayerNorm_0/bias": jnp.array([[1.0] * 8, [2.0] * 8])},
+    }
+    adapted = jax.jit(learner.adapt, static_argnums=2)(marked, ONE_TASK.support, 2)
+    np.testing.assert_array_equal(adapted["LayerNorm_0"]["bias"], np.full(8, 2.0))
+
+    # With all copies equal (as at init), the gradients of a norm parameter and of its copies add
+    # up to MAML's gradient for it with a zero inner rate on it (chain rule).
+    grads, _ = jax.jit(learner.task_grad)(meta, ONE_TASK, 0.5)
+    rates = {
+        name: jax.tree_util.tree_map(
+            lambda p, n=name: jnp.full_like(p, 0.0 if "Norm" in n else 0.05), sub
+        )
+        for name, sub in params.items()
+    }
+    want = jax.jit(jax.grad(maml_loss, argnums=1), static_argnums=0, static_argnames="num_steps")(
+        model.loss_fn, params, ONE_TASK.support, ONE_TASK.query, inner_lr=rates, num_steps=2
+    )
+    for leaf in ("bias", "scale"):
+        total = grads["params"]["LayerNorm_0"][leaf] + grads["norm"][f"LayerNorm_0/{leaf}"].sum(0)
+        np.testing.assert_allclose(total, want["LayerNorm_0"][leaf], rtol=1e-4, atol=1e-7)
+    chex.assert_trees_all_close(grads["params"]["head"], want["head"], rtol=1e-4, atol=1e-7)
+    chex.assert_trees_all_close(grads["params"]["hidden_0"], want["hidden_0"], rtol=1e-4, atol=1e-7)
+
+
+def test_cosine_meta_learning_rate_schedule():
+    schedule = algorithm_lr_schedule(MAMLPPConfig(meta_lr_final_fraction=0.1), 1e-3, 1000)
+    np.testing.assert_allclose(
+        [schedule(0), schedule(500), schedule(1000)], [1e-3, 5.5e-4, 1e-4], rtol=1e-5
+    )
+    assert algorithm_lr_schedule(MAMLPPConfig(meta_lr_schedule="optimizer"), 1e-3, 1000) is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, key",
+    [
+        ({"inner_lr": -1.0}, "inner_lr"),
+        ({"num_steps": 0}, "num_steps"),
+        ({"msl_fraction": 1.5}, "msl_fraction"),
+        ({"first_order_fraction": -0.1}, "first_order_fraction"),
+        ({"meta_lr_schedule": "linear"}, "meta_lr_schedule"),
+        ({"meta_lr_final_fraction": 2.0}, "meta_lr_final_fraction"),
+    ],
+)
+def test_bad_config_values_name_the_key(kwargs, key):
+    with pytest.raises(ValueError, match=f"algorithm.{key}"):
+        mamlpp(small_model(), **kwargs)
