@@ -1,0 +1,81 @@
+"""Every registered task distribution builds: image ones on ``tfds.testing.mock_data``."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import jax
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+from omegaconf import OmegaConf
+
+from metalearn.data.task import TaskDistribution
+from metalearn.registry import TASKS
+
+IMAGE_SHAPES = {
+    "omniglot": (28, 28, 1),
+    "miniimagenet": (84, 84, 3),
+    "cifarfs": (32, 32, 3),
+    "fc100": (32, 32, 3),
+}
+CLASSES_PER_SPLIT, PER_CLASS = 7, 20
+
+
+def fake_data_source(image_shape):
+    """An ``as_data_source`` replacement: uniform per-class records of random pixels."""
+
+    def as_data_source(self, split, **kwargs):
+        rng = np.random.default_rng(len(split))
+        return [
+            {
+                "images": rng.integers(0, 256, (PER_CLASS, *image_shape), dtype=np.uint8),
+                "class_name": f"{split}_{c}".encode(),
+            }
+            for c in range(CLASSES_PER_SPLIT)
+        ]
+
+    return as_data_source
+
+
+def test_the_image_datasets_are_registered():
+    assert set(IMAGE_SHAPES) | {"sinusoid"} <= set(TASKS.names())
+
+
+@pytest.mark.parametrize("name", sorted(IMAGE_SHAPES))
+def test_config_dataclass_is_the_factory_signature(name):
+    entry = TASKS.entry(name)
+    fields = {f.name: f.default for f in dataclasses.fields(entry.config_cls)}
+    assert fields.pop("name") == name
+    params = inspect.signature(entry.factory).parameters
+    assert fields == {k: p.default for k, p in params.items()}
+    assert {"ways", "num_queries", "data_dir", "manual_dir"} <= set(fields)
+    assert not entry.config_cls.__dataclass_params__.frozen
+    config = OmegaConf.to_object(OmegaConf.structured(entry.config_cls))  # Hydra can type it
+    as_tuples = {k: tuple(v) if isinstance(v, list) else v for k, v in vars(config).items()}
+    assert as_tuples == vars(entry.config_cls())
+
+
+@pytest.mark.parametrize("name", sorted(IMAGE_SHAPES))
+def test_builds_on_tfds_mock_data(name, tmp_path):
+    shape = IMAGE_SHAPES[name]
+    config = TASKS.entry(name).config_cls(ways=5, num_queries=3, data_dir=str(tmp_path))
+    with tfds.testing.mock_data(as_data_source_fn=fake_data_source(shape)):
+        tasks = TASKS.build(config)
+    assert isinstance(tasks, TaskDistribution)
+    assert tasks.input_shape == shape and tasks.num_outputs == tasks.ways == 5
+    assert tasks.kind == "classification"
+    rotations = 4 if name == "omniglot" else 1
+    for split in ("train", "val", "test"):
+        images = tasks.splits[split]["images"]
+        assert images.shape == (CLASSES_PER_SPLIT * rotations, PER_CLASS, *shape)
+    sample = jax.jit(tasks.sample, static_argnums=2)
+    task = sample(tasks.splits["val"], jax.random.key(0), 2)
+    assert task.support[0].shape == (10, *shape) and task.query[0].shape == (15, *shape)
+    assert sorted(np.asarray(task.query[1]).tolist()) == sorted(list(range(5)) * 3)
+
+
+def test_sinusoid_builds_from_its_config():
+    tasks = TASKS.build(TASKS.entry("sinusoid").config_cls())
+    assert tasks.kind == "regression" and tasks.splits["train"] == {}
