@@ -1,0 +1,298 @@
+"""Meta-step benchmark: metalearn against the PyTorch library ``higher`` on the same shapes.
+
+    python scripts/bench.py --case omniglot_5w1s,omniglot_20w1s,sinusoid \\
+        --impl metalearn,higher --json experiments/benchmarks/cpu.jsonl
+
+For each case and each (inner steps, order) it reports milliseconds per meta-step (the median
+of ``--steps`` timed steps after ``--warmup`` untimed ones), compile seconds and peak memory,
+prints a table with the ratio higher ms / metalearn ms, and writes one JSON object per line.
+
+Cases (Finn et al. 2017):
+
+- ``omniglot_5w1s``, ``omniglot_20w1s``: Conv4 with 64 filters (4 x [3x3 conv, stride 2, batch
+  norm with the current batch's statistics, ReLU], 28x28x1 inputs), meta-batch 32, 15 queries
+  per class, inner lr 0.4, 1 and 5 inner steps, second and first order. Tasks are sampled on
+  the device from a uint8 array of random images with Omniglot's shape.
+- ``sinusoid``: MLP 1-40-40-1 (ReLU), K=10, 10 queries, meta-batch 25, 1 inner step at 0.01.
+
+The outer optimiser is Adam 1e-3 everywhere. metalearn's side is the runner's jitted meta-step
+(``make_meta_step`` + ``make_multi_step`` on the registered model and algorithm), with the
+task batching the runner would pick (``--batching auto``) or the ones named. ``higher`` loops
+over the tasks as it must (``batching: loop``). Each configuration runs in a fresh process
+(``--no-isolate`` runs them in this one), so compile times and peak memory are its own.
+
+``--remat-sweep`` measures metalearn's peak memory and step time against the number of inner
+steps (default 1, 5, 10, 20) with and without rematerialisation (``algorithm.remat``).
+
+Peak memory (``peak_mem_kind`` says which): on a GPU, the device's ``peak_bytes_in_use`` and
+``torch.cuda.max_memory_allocated``; on CPU, the compiled XLA program's memory analysis
+(temp + arguments + outputs, less donated buffers) for metalearn, the growth of the process's
+peak RSS for higher (``rss_peak_delta_mb`` is reported for both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import subprocess
+import sys
+from typing import Any
+
+CASES: dict[str, dict[str, Any]] = {
+    "omniglot_5w1s": dict(
+        kind="omniglot",
+        ways=5,
+        shots=1,
+        queries=15,
+        meta_batch=32,
+        inner_lr=0.4,
+        inner_steps=(1, 5),
+        orders=("second", "first"),
+    ),
+    "omniglot_20w1s": dict(
+        kind="omniglot",
+        ways=20,
+        shots=1,
+        queries=15,
+        meta_batch=32,
+        inner_lr=0.4,
+        inner_steps=(1, 5),
+        orders=("second", "first"),
+    ),
+    "sinusoid": dict(
+        kind="sinusoid",
+        ways=None,
+        shots=10,
+        queries=10,
+        meta_batch=25,
+        inner_lr=0.01,
+        inner_steps=(1,),
+        orders=("second",),
+    ),
+}
+IMPLS = ("metalearn", "higher")
+REMAT_SWEEP_STEPS = (1, 5, 10, 20)
+
+
+def csv_list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--case", type=csv_list, default=list(CASES), help=", ".join(CASES))
+    p.add_argument("--impl", type=csv_list, default=list(IMPLS), help="metalearn,higher")
+    p.add_argument("--json", metavar="OUT", help="write one JSON object per line here")
+    p.add_argument("--append", action="store_true", help="append to --json instead of replacing")
+    p.add_argument("--steps", type=int, default=10, help="timed meta-steps (median reported)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed meta-steps after compiling")
+    p.add_argument("--inner-steps", type=csv_list, help="e.g. 1,5 (default: per case)")
+    p.add_argument("--order", type=csv_list, help="second,first (default: per case)")
+    p.add_argument("--meta-batch", type=int, help="tasks per meta-step (default: per case)")
+    p.add_argument(
+        "--batching", type=csv_list, default=["auto"], help="metalearn: auto,vmap,unroll,map"
+    )
+    p.add_argument(
+        "--steps-per-call", type=int, default=1, help="metalearn: meta-steps fused per jit call"
+    )
+    p.add_argument(
+        "--conv",
+        type=csv_list,
+        default=["xla"],
+        help="metalearn Conv4 convolutions: xla (the library's nn.Conv), im2col (bench_conv.py)",
+    )
+    p.add_argument("--remat", action="store_true", help="metalearn: rematerialise inner steps")
+    p.add_argument(
+        "--remat-sweep",
+        action="store_true",
+        help="metalearn only: memory vs inner steps (default 1,5,10,20), remat off and on",
+    )
+    p.add_argument(
+        "--torch-threads", type=int, help="higher: torch threads (default: the cores usable)"
+    )
+    p.add_argument("--no-isolate", action="store_true", help="run every config in this process")
+    p.add_argument("--row", help=argparse.SUPPRESS)  # internal: run one spec (JSON), print row
+    args = p.parse_args(argv)
+    for name in args.case:
+        if name not in CASES:
+            p.error(f"unknown case {name!r}; known: {', '.join(CASES)}")
+    for impl in args.impl:
+        if impl not in IMPLS:
+            p.error(f"unknown impl {impl!r}; known: {', '.join(IMPLS)}")
+    for order in args.order or []:
+        if order not in ("second", "first"):
+            p.error(f"--order takes second,first; got {order!r}")
+    for strategy in args.batching:
+        if strategy not in ("auto", "vmap", "unroll", "map"):
+            p.error(f"--batching takes auto,vmap,unroll,map; got {strategy!r}")
+    return args
+
+
+def make_specs(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One spec per (case, inner steps, order, impl, batching, remat)."""
+    specs = []
+    for name in args.case:
+        case = CASES[name]
+        if args.inner_steps:
+            inner_steps = [int(s) for s in args.inner_steps]
+        elif args.remat_sweep:
+            inner_steps = list(REMAT_SWEEP_STEPS)
+        else:
+            inner_steps = list(case["inner_steps"])
+        orders = args.order or list(case["orders"])
+        if args.remat_sweep and not args.order:
+            orders = ["second"]
+        remats = [False, True] if args.remat_sweep else [args.remat]
+        impls = ["metalearn"] if args.remat_sweep else args.impl
+        for steps in inner_steps:
+            for order in orders:
+                for impl in impls:
+                    batchings = args.batching if impl == "metalearn" else ["loop"]
+                    convs = (
+                        args.conv if impl == "metalearn" and case["kind"] != "sinusoid" else ["-"]
+                    )
+                    for batching, conv in itertools.product(batchings, convs):
+                        for remat in remats if impl == "metalearn" else [False]:
+                            base = {k: v for k, v in case.items() if k not in ("orders",)}
+                            base.update(
+                                case=name,
+                                impl=impl,
+                                inner_steps=steps,
+                                order=order,
+                                batching=batching,
+                                conv=conv,
+                                remat=remat,
+                                meta_batch=args.meta_batch or case["meta_batch"],
+                                outer_lr=1e-3,
+                                steps=args.steps,
+                                warmup=args.warmup,
+                                steps_per_call=args.steps_per_call if impl == "metalearn" else 1,
+                                torch_threads=args.torch_threads,
+                            )
+                            specs.append(base)
+    return specs
+
+
+def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run one configuration in this process; the spec's fields plus the measurements."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    if spec["impl"] == "metalearn":
+        import jax
+
+        jax.config.update("jax_enable_compilation_cache", False)  # time real compiles
+        from bench_jax import run_metalearn
+
+        result = run_metalearn(spec)
+        result["jax_version"] = jax.__version__
+    else:
+        from bench_higher import run_higher
+
+        result = run_higher(spec)
+    keep = ("case", "impl", "kind", "inner_steps", "order", "meta_batch", "ways", "shots")
+    row = {k: spec[k] for k in keep}
+    row.update(queries=spec["queries"], remat=spec["remat"], conv=spec.get("conv", "-"))
+    row.update(steps=spec["steps"])
+    row.update(steps_per_call=spec["steps_per_call"], warmup=spec["warmup"])
+    row.update(result)
+    row["load_1m"] = load
+    row["xla_flags"] = os.environ.get("XLA_FLAGS", "")
+    row["host"] = f"{platform.machine()} {os.cpu_count()} cpus"
+    return row
+
+
+def run_isolated(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run one configuration in a child process (fresh compile caches and memory peaks)."""
+    env = dict(os.environ)
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--row", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-15:]
+        return {**spec, "error": f"exit {proc.returncode}: " + " | ".join(tail)}
+    return json.loads(lines[-1])
+
+
+def fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def print_table(rows: list[dict[str, Any]], out=sys.stdout) -> None:
+    """A fixed-width table; ``ratio`` = higher ms / metalearn ms for the same configuration."""
+    higher_ms = {
+        (r["case"], r["inner_steps"], r["order"]): r.get("ms_per_step")
+        for r in rows
+        if r["impl"] == "higher"
+    }
+    header = (
+        f"{'case':<15} {'impl':<9} {'batch':<6} {'conv':<6} {'k':>2} {'order':<6} {'remat':<5} "
+        f"{'ms/step':>9} {'compile s':>9} {'peak MB':>8} {'mem kind':<12} {'ratio':>7} {'load':>5}"
+    )
+    print(header, file=out)
+    print("-" * len(header), file=out)
+    for r in rows:
+        if "error" in r:
+            print(f"{r['case']:<15} {r['impl']:<9} ERROR {r['error'][:200]}", file=out)
+            continue
+        ratio = None
+        ref = higher_ms.get((r["case"], r["inner_steps"], r["order"]))
+        if r["impl"] == "metalearn" and ref and r.get("ms_per_step"):
+            ratio = ref / r["ms_per_step"]
+        kind = {"xla_memory_analysis": "xla-program", "rss_peak_delta": "rss-delta"}.get(
+            r.get("peak_mem_kind"), r.get("peak_mem_kind", "-")[:12]
+        )
+        print(
+            f"{r['case']:<15} {r['impl']:<9} {r['batching']:<6} {r.get('conv', '-'):<6} "
+            f"{r['inner_steps']:>2} "
+            f"{r['order']:<6} {str(r['remat']):<5} {fmt(r.get('ms_per_step'), 2):>9} "
+            f"{fmt(r.get('compile_s'), 1):>9} {fmt(r.get('peak_mem_mb'), 1):>8} {kind:<12} "
+            f"{fmt(ratio, 2):>7} {fmt(r.get('load_1m'), 1):>5}",
+            file=out,
+        )
+    print("ratio = higher ms/step / metalearn ms/step (> 1: metalearn faster)", file=out)
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    args = parse_args(argv)
+    if args.row:
+        print(json.dumps(run_spec(json.loads(args.row))), flush=True)
+        return []
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    out = None
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        out = open(args.json, "a" if args.append else "w")  # noqa: SIM115
+    rows = []
+    try:
+        for spec in make_specs(args):
+            label = (
+                f"{spec['case']} {spec['impl']} {spec['batching']} k={spec['inner_steps']} "
+                f"{spec['order']} remat={spec['remat']}"
+            )
+            print(f"... {label}", file=sys.stderr, flush=True)
+            row = run_spec(spec) if args.no_isolate else run_isolated(spec)
+            rows.append(row)
+            if out:
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+    finally:
+        if out:
+            out.close()
+    print_table(rows)
+    return rows
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    main()
