@@ -102,7 +102,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--conv",
         type=csv_list,
         default=["xla"],
-        help="metalearn Conv4 convolutions: xla (the library's nn.Conv), im2col (bench_conv.py)",
+        help="metalearn Conv4 layers: xla (library nn.Conv), im2col, canonical (bench_conv.py)",
     )
     p.add_argument("--remat", action="store_true", help="metalearn: rematerialise inner steps")
     p.add_argument(
@@ -112,6 +112,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--torch-threads", type=int, help="higher: torch threads (default: the cores usable)"
+    )
+    p.add_argument(
+        "--compile-cache",
+        action="store_true",
+        help="keep JAX's persistent compilation cache if configured (compile_s is then a load)",
     )
     p.add_argument("--no-isolate", action="store_true", help="run every config in this process")
     p.add_argument("--row", help=argparse.SUPPRESS)  # internal: run one spec (JSON), print row
@@ -171,6 +176,7 @@ def make_specs(args: argparse.Namespace) -> list[dict[str, Any]]:
                                 warmup=args.warmup,
                                 steps_per_call=args.steps_per_call if impl == "metalearn" else 1,
                                 torch_threads=args.torch_threads,
+                                compile_cache=args.compile_cache,
                             )
                             specs.append(base)
     return specs
@@ -181,11 +187,15 @@ def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     if spec["impl"] == "metalearn":
         import jax
-
-        jax.config.update("jax_enable_compilation_cache", False)  # time real compiles
         from bench_jax import run_metalearn
 
-        result = run_metalearn(spec)
+        cached = jax.config.jax_enable_compilation_cache
+        if not spec.get("compile_cache"):
+            jax.config.update("jax_enable_compilation_cache", False)  # time real compiles
+        try:
+            result = run_metalearn(spec)
+        finally:
+            jax.config.update("jax_enable_compilation_cache", cached)
         result["jax_version"] = jax.__version__
     else:
         from bench_higher import run_higher
@@ -206,7 +216,8 @@ def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
 def run_isolated(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one configuration in a child process (fresh compile caches and memory peaks)."""
     env = dict(os.environ)
-    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    if not spec.get("compile_cache"):
+        env.pop("JAX_COMPILATION_CACHE_DIR", None)
     proc = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--row", json.dumps(spec)],
         capture_output=True,
@@ -228,8 +239,9 @@ def fmt(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
-def print_table(rows: list[dict[str, Any]], out=sys.stdout) -> None:
+def print_table(rows: list[dict[str, Any]], out=None) -> None:
     """A fixed-width table; ``ratio`` = higher ms / metalearn ms for the same configuration."""
+    out = out or sys.stdout
     higher_ms = {
         (r["case"], r["inner_steps"], r["order"]): r.get("ms_per_step")
         for r in rows

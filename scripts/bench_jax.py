@@ -66,10 +66,10 @@ def build_parts(spec: dict[str, Any]):
         from metalearn.models.conv4 import Conv4Config
 
         tasks = random_omniglot_tasks(spec["ways"], spec["queries"])
-        if spec.get("conv", "xla") == "im2col":  # the proposed CPU formulation (bench_conv.py)
-            from bench_conv import patch_conv4
+        if spec.get("conv", "xla") != "xla":  # the proposed CPU formulations (bench_conv.py)
+            from bench_conv import conv4_with
 
-            module = patch_conv4(tasks.num_outputs, filters=64)
+            module = conv4_with(spec["conv"], tasks.num_outputs, filters=64)
         else:
             module = MODELS.build(
                 Conv4Config(filters=64, downsample="stride", readout="mean"), tasks.num_outputs

@@ -1,0 +1,119 @@
+"""Smoke tests of scripts/bench.py (the metalearn vs higher meta-step benchmark)."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+FIELDS = {
+    "case", "impl", "device", "ms_per_step", "compile_s", "peak_mem_mb", "peak_mem_kind",
+    "inner_steps", "order", "meta_batch", "ways", "shots", "batching",
+}  # fmt: skip
+HAVE_HIGHER = all(importlib.util.find_spec(m) for m in ("torch", "higher"))
+NO_HIGHER = "torch and higher are an optional extra: pip install torch, then -e '.[bench]'"
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import bench
+
+    return bench
+
+
+def run_sinusoid(bench, tmp_path, impl: str, *extra: str) -> list[dict]:
+    out = tmp_path / "bench.jsonl"
+    argv = ["--case", "sinusoid", "--impl", impl, "--steps", "2", "--warmup", "1"]
+    argv += ["--compile-cache"]  # the suite's persistent cache (tests/conftest.py)
+    bench.main([*argv, "--json", str(out), "--no-isolate", *extra])
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def check_row(row: dict, impl: str) -> None:
+    assert set(row) >= FIELDS, FIELDS - set(row)
+    assert row["case"] == "sinusoid" and row["impl"] == impl
+    assert (row["inner_steps"], row["order"], row["meta_batch"], row["shots"]) == (
+        1,
+        "second",
+        25,
+        10,
+    )
+    assert row["ms_per_step"] > 0 and row["compile_s"] >= 0 and row["peak_mem_mb"] > 0
+
+
+def test_metalearn_sinusoid_rows(bench, tmp_path, capsys):
+    rows = run_sinusoid(bench, tmp_path, "metalearn")
+    assert len(rows) == 1
+    check_row(rows[0], "metalearn")
+    assert rows[0]["batching"] == "vmap"  # what the runner picks for an MLP
+    assert rows[0]["peak_mem_kind"] in ("xla_memory_analysis", "device_peak_bytes_in_use")
+    assert "sinusoid" in capsys.readouterr().out  # the table
+
+
+@pytest.mark.skipif(not HAVE_HIGHER, reason=NO_HIGHER)
+def test_higher_sinusoid_rows(bench, tmp_path):
+    rows = run_sinusoid(bench, tmp_path, "higher", "--torch-threads", "1")
+    assert len(rows) == 1
+    check_row(rows[0], "higher")
+    assert rows[0]["batching"] == "loop"
+    assert rows[0]["peak_mem_kind"] in (
+        "rss_peak_delta",
+        "cuda_max_memory_allocated_minus_baseline",
+    )
+
+
+def test_specs_cover_the_grid(bench):
+    args = bench.parse_args(["--case", "omniglot_5w1s", "--impl", "metalearn,higher"])
+    specs = bench.make_specs(args)
+    grid = {(s["impl"], s["inner_steps"], s["order"]) for s in specs}
+    assert grid == {
+        (impl, k, order)
+        for impl in ("metalearn", "higher")
+        for k in (1, 5)
+        for order in ("second", "first")
+    }
+    assert all(s["meta_batch"] == 32 and s["queries"] == 15 for s in specs)
+
+
+def test_remat_sweep_specs(bench):
+    specs = bench.make_specs(bench.parse_args(["--case", "omniglot_5w1s", "--remat-sweep"]))
+    assert {(s["inner_steps"], s["remat"]) for s in specs} == {
+        (k, remat) for k in (1, 5, 10, 20) for remat in (False, True)
+    }
+    assert {s["impl"] for s in specs} == {"metalearn"}
+
+
+def test_table_ratio(bench):
+    base = {"case": "c", "inner_steps": 1, "order": "second", "remat": False, "load_1m": 1.0}
+    rows = [
+        {**base, "impl": "metalearn", "batching": "vmap", "ms_per_step": 2.0, "compile_s": 1.0},
+        {**base, "impl": "higher", "batching": "loop", "ms_per_step": 10.0, "compile_s": 0.0},
+    ]
+    out = io.StringIO()
+    bench.print_table(rows, out)
+    assert " 5.00 " in out.getvalue()
+
+
+def test_unknown_case_is_an_error(bench):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--case", "omniglot_3w1s"])
+
+
+@pytest.mark.slow
+def test_command_line_isolated(tmp_path):
+    out = tmp_path / "bench.jsonl"
+    impls = "metalearn,higher" if HAVE_HIGHER else "metalearn"
+    cmd = [sys.executable, str(SCRIPTS / "bench.py"), "--case", "sinusoid", "--impl", impls]
+    cmd += ["--steps", "2", "--warmup", "1", "--json", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["impl"] for r in rows] == impls.split(",")
+    for row in rows:
+        check_row(row, row["impl"])
