@@ -50,10 +50,8 @@ def sample_episode(
             f"{per_class} examples"
         )
     k_classes, k_examples, k_labels = jax.random.split(key, 3)
-    classes = jax.random.choice(k_classes, num_classes, (ways,), replace=False)
-    examples = jax.vmap(lambda k: jax.random.choice(k, per_class, (per_task,), replace=False))(
-        jax.random.split(k_examples, ways)
-    )
+    classes = random_subset(k_classes, (), num_classes, ways)
+    examples = random_subset(k_examples, (ways,), per_class, per_task)
     labels = jax.random.permutation(k_labels, ways).astype(jnp.int32)
 
     x = images[classes[:, None], examples].astype(jnp.float32) / 255.0  # [ways, per_task, ...]
@@ -64,6 +62,23 @@ def sample_episode(
         return x_part.reshape(-1, *shape), y_part.reshape(-1)
 
     return Task(support=flat(x[:, :shots], y[:, :shots]), query=flat(x[:, shots:], y[:, shots:]))
+
+
+def random_subset(key: jax.Array, batch: tuple[int, ...], n: int, k: int) -> jax.Array:
+    """``k`` distinct indices out of ``n`` in random order, for each of ``batch``: shape
+    ``batch + (k,)``.
+
+    The indices of the ``k`` largest of ``n`` uniform draws (``lax.top_k``): a uniformly random
+    ordered subset, far faster on CPU than ``jax.random.choice(..., replace=False)`` (which
+    shuffles all ``n``). Ties among the float32 draws (2^23 values in [0, 1)) are broken by
+    index; one decides a draw with probability about ``n * 2^-23`` (5e-4 for Omniglot's 4112
+    classes), a negligible bias.
+
+    >>> idx = random_subset(jax.random.key(0), (3,), 10, 4)
+    >>> idx.shape, all(len(set(row.tolist())) == 4 for row in idx)
+    ((3, 4), True)
+    """
+    return jax.lax.top_k(jax.random.uniform(key, (*batch, n)), k)[1]
 
 
 def check_episode_settings(ways: int, num_queries: int) -> None:
