@@ -39,6 +39,7 @@ import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 CASES: dict[str, dict[str, Any]] = {
@@ -119,6 +120,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="keep JAX's persistent compilation cache if configured (compile_s is then a load)",
     )
     p.add_argument("--no-isolate", action="store_true", help="run every config in this process")
+    p.add_argument(
+        "--markdown", nargs="+", metavar="JSONL", help="print these results as a Markdown table"
+    )
     p.add_argument("--row", help=argparse.SUPPRESS)  # internal: run one spec (JSON), print row
     args = p.parse_args(argv)
     for name in args.case:
@@ -249,7 +253,8 @@ def print_table(rows: list[dict[str, Any]], out=None) -> None:
     }
     header = (
         f"{'case':<15} {'impl':<9} {'batch':<6} {'conv':<6} {'k':>2} {'order':<6} {'remat':<5} "
-        f"{'ms/step':>9} {'compile s':>9} {'peak MB':>8} {'mem kind':<12} {'ratio':>7} {'load':>5}"
+        f"{'ms/step':>9} {'min ms':>9} {'cpu ms':>9} {'compile s':>9} {'peak MB':>8} "
+        f"{'mem kind':<12} {'ratio':>7} {'load':>5}"
     )
     print(header, file=out)
     print("-" * len(header), file=out)
@@ -268,15 +273,67 @@ def print_table(rows: list[dict[str, Any]], out=None) -> None:
             f"{r['case']:<15} {r['impl']:<9} {r['batching']:<6} {r.get('conv', '-'):<6} "
             f"{r['inner_steps']:>2} "
             f"{r['order']:<6} {str(r['remat']):<5} {fmt(r.get('ms_per_step'), 2):>9} "
+            f"{fmt(r.get('ms_min'), 2):>9} {fmt(r.get('cpu_ms_per_step'), 1):>9} "
             f"{fmt(r.get('compile_s'), 1):>9} {fmt(r.get('peak_mem_mb'), 1):>8} {kind:<12} "
             f"{fmt(ratio, 2):>7} {fmt(r.get('load_1m'), 1):>5}",
             file=out,
         )
-    print("ratio = higher ms/step / metalearn ms/step (> 1: metalearn faster)", file=out)
+    print(
+        "ratio = higher ms/step / metalearn ms/step (medians; > 1: metalearn faster); "
+        "cpu ms = process CPU time per step (all threads); load = 1-min load average",
+        file=out,
+    )
+
+
+MARKDOWN_COLUMNS = [
+    ("case", "case"),
+    ("impl", "impl"),
+    ("batching", "batching"),
+    ("conv", "conv"),
+    ("inner_steps", "k"),
+    ("order", "order"),
+    ("remat", "remat"),
+    ("steps_per_call", "fused"),
+    ("ms_per_step", "ms/step"),
+    ("ms_min", "min ms"),
+    ("cpu_ms_per_step", "CPU ms"),
+    ("compile_s", "compile s"),
+    ("peak_mem_mb", "peak MB"),
+    ("peak_mem_kind", "memory kind"),
+    ("xla_temp_mb", "XLA temp MB"),
+    ("rss_peak_delta_mb", "RSS delta MB"),
+    ("torch_threads", "torch threads"),
+    ("load_1m", "load"),
+]
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """The JSON rows as a Markdown table (for experiments/benchmarks/README.md)."""
+    lines = [
+        "| " + " | ".join(title for _, title in MARKDOWN_COLUMNS) + " |",
+        "|" + "---|" * len(MARKDOWN_COLUMNS),
+    ]
+    for r in rows:
+        cells = []
+        for key, _ in MARKDOWN_COLUMNS:
+            value = r.get(key)
+            digits = 2 if key in ("ms_per_step", "ms_min") and (value or 0) < 10 else 1
+            cells.append(fmt(value, digits) if key != "error" else str(value))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
+    if args.markdown:
+        rows = [
+            json.loads(line)
+            for path in args.markdown
+            for line in Path(path).read_text().splitlines()
+            if line.strip()
+        ]
+        print(markdown_table(rows))
+        return rows
     if args.row:
         print(json.dumps(run_spec(json.loads(args.row))), flush=True)
         return []

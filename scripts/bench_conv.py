@@ -133,17 +133,39 @@ def _canonical_conv_bwd(strides, padding, lhs_dilation, rhs_dilation, residuals,
         tuple(strides),
         tuple(rhs_dilation),
     )
-    # kernel gradient: x with batch and channels swapped, convolved with g as the kernel
-    highs = [o - a + r - lo - 1 for o, a, r, lo in zip(out, lhs, rhs, lows, strict=True)]
-    dk = canonical_conv(
-        x.transpose(3, 1, 2, 0),
-        g.transpose(1, 2, 0, 3),
-        tuple(rhs_dilation),
-        tuple(zip(lows, highs, strict=True)),
-        tuple(lhs_dilation),
-        tuple(strides),
-    )
-    return dx, dk.transpose(1, 2, 0, 3)
+    return dx, _kernel_grad(x, g, kernel.shape, strides, padding, lhs_dilation, rhs_dilation)
+
+
+def _kernel_grad(x, g, kernel_shape, strides, padding, lhs_dilation, rhs_dilation):
+    """The kernel gradient as one matrix product per kernel tap (``kh * kw`` of them).
+
+    As a convolution it has a tiny output and a huge window, and XLA's algebraic simplifier
+    swaps its operands into a non-canonical convolution; as products over strided slices of
+    the (padded, dilated) input it is a few well-shaped GEMMs, and so are its derivatives.
+    """
+    kh, kw = kernel_shape[:2]
+    (top, bottom), (left, right) = padding
+    zero = jnp.zeros((), x.dtype)
+    config = [
+        (0, 0, 0),
+        (top, bottom, lhs_dilation[0] - 1),
+        (left, right, lhs_dilation[1] - 1),
+        (0, 0, 0),
+    ]
+    xp = lax.pad(x, zero, config)
+    n, oh, ow, _ = g.shape
+    taps = []
+    for i in range(kh):
+        for j in range(kw):
+            r, c = i * rhs_dilation[0], j * rhs_dilation[1]
+            window = lax.slice(
+                xp,
+                (0, r, c, 0),
+                (n, r + strides[0] * (oh - 1) + 1, c + strides[1] * (ow - 1) + 1, x.shape[3]),
+                (1, strides[0], strides[1], 1),
+            )
+            taps.append(jnp.einsum("nhwc,nhwf->cf", window, g))
+    return jnp.stack(taps).reshape(kernel_shape)
 
 
 canonical_conv.defvjp(_canonical_conv_fwd, _canonical_conv_bwd)

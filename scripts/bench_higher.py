@@ -157,8 +157,9 @@ def run_higher(spec: dict[str, Any]) -> dict[str, Any]:
         base = torch.cuda.memory_allocated()
     rss_before = rss_peak_mb()
     times, first_s, loss = [], 0.0, float("nan")
+    cpu_times = []
     for i in range(spec["warmup"] + spec["steps"]):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         loss = step()
         sync()
         elapsed = time.perf_counter() - start
@@ -166,12 +167,14 @@ def run_higher(spec: dict[str, Any]) -> dict[str, Any]:
             first_s = elapsed
         if i >= spec["warmup"]:
             times.append(elapsed)
+            cpu_times.append(time.process_time() - cpu_start)
     rss_delta = rss_peak_mb() - rss_before
     row = {
         "device": f"cuda:{torch.cuda.get_device_name()}" if cuda else "cpu",
         "batching": "loop",
         "ms_per_step": 1e3 * statistics.median(times) if times else None,
         "ms_min": 1e3 * min(times) if times else None,
+        "cpu_ms_per_step": 1e3 * statistics.median(cpu_times) if cpu_times else None,
         "compile_s": 0.0,  # eager: nothing to compile
         "first_step_s": first_s,
         "final_metric": loss,

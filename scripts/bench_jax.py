@@ -136,13 +136,14 @@ def run_metalearn(spec: dict[str, Any]) -> dict[str, Any]:
     compile_s = time.perf_counter() - start
     analysis = compiled.memory_analysis()
 
-    times = []
+    times, cpu_times = [], []
     for i in range(spec["warmup"] + spec["steps"]):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         state, metrics = compiled(state, arrays)
         jax.block_until_ready((state, metrics))
         if i >= spec["warmup"]:
             times.append((time.perf_counter() - start) / spec["steps_per_call"])
+            cpu_times.append((time.process_time() - cpu_start) / spec["steps_per_call"])
     name = "loss" if "loss" in metrics else sorted(metrics)[0]
     loss = float(np.asarray(metrics[name]))
 
@@ -151,6 +152,7 @@ def run_metalearn(spec: dict[str, Any]) -> dict[str, Any]:
         "batching": strategy,
         "ms_per_step": 1e3 * statistics.median(times) if times else None,
         "ms_min": 1e3 * min(times) if times else None,
+        "cpu_ms_per_step": 1e3 * statistics.median(cpu_times) if cpu_times else None,
         "compile_s": compile_s,
         "final_metric": loss,
         "rss_peak_delta_mb": rss_peak_mb() - rss_before,
