@@ -6,8 +6,12 @@ What is implemented, in the paper's terms:
   inner step. The weights start uniform and anneal toward the last step over the first
   ``msl_fraction`` of training (the reference code's schedule, with a floor of ``0.03 /
   num_steps`` for the earlier steps); afterwards only the last step counts.
-- **LSLR**: a learned inner rate per parameter entry (per layer, per weight/bias) and per step,
-  meta-parameters ``inner_lr[name][step]``, initialised to ``inner_lr``.
+- **LSLR**: a learned inner rate per parameter entry (per layer, per weight/bias) and per step:
+  ``inner_lr * inner_lr_scale[name][step]``, the meta-parameters ``inner_lr_scale`` starting at
+  1. Learning the multiplier rather than the rate itself keeps the outer optimiser's steps
+  relative: Adam moves every parameter by about its learning rate per step, so rates of 0.01
+  learned directly with Adam at 1e-3 change by ~10% a step, flip sign within a few hundred steps
+  and make the inner loop diverge (seen on sinusoid); multipliers of 1 change by ~0.1%.
 - **Derivative-order annealing (DA)**: first-order meta-gradients while
   ``progress < first_order_fraction``, second-order afterwards. ``progress`` is a traced scalar,
   so both gradients are compiled into one step and ``lax.cond`` runs one of them: keep
@@ -109,8 +113,8 @@ def mamlpp(
     """MAML++: multi-step loss, per-layer per-step rates, derivative-order annealing, per-step
     normalisation weights (see the module docstring).
 
-    Meta-parameters: ``{"params": theta, "inner_lr": {name: [num_steps]}, "norm": {name:
-    [num_steps, *shape]}}`` (``inner_lr`` only with ``learn_inner_lr``, ``norm`` only with
+    Meta-parameters: ``{"params": theta, "inner_lr_scale": {name: [num_steps]}, "norm": {name:
+    [num_steps, *shape]}}`` (``inner_lr_scale`` only with ``learn_inner_lr``, ``norm`` only with
     ``per_step_norm`` and normalisation parameters in the model). ``msl_fraction`` and
     ``first_order_fraction`` are fractions of training (``progress``); 0 turns the feature off.
 
@@ -121,7 +125,7 @@ def mamlpp(
     >>> model = model_from_flax(MLP((40, 40), 1), (1,), "regression")
     >>> learner = mamlpp(model, inner_lr=0.01, num_steps=3)
     >>> meta_params = learner.init(jax.random.key(0), model.init(jax.random.key(1)))
-    >>> len(meta_params["inner_lr"]), meta_params["inner_lr"]["hidden_0/kernel"].shape
+    >>> len(meta_params["inner_lr_scale"]), meta_params["inner_lr_scale"]["hidden_0/kernel"].shape
     (6, (3,))
     >>> tasks = sinusoid()
     >>> task = tasks.sample(tasks.splits["train"], jax.random.key(2), 10)
@@ -146,8 +150,8 @@ def mamlpp(
         leaves = named_leaves(model_params)
         norms = norm_names(model_params)
         if learn_inner_lr:
-            meta_params["inner_lr"] = {
-                name: jnp.full((num_steps,), inner_lr, jnp.asarray(leaf).dtype)
+            meta_params["inner_lr_scale"] = {
+                name: jnp.ones((num_steps,), jnp.asarray(leaf).dtype)
                 for name, leaf in leaves.items()
                 if name not in norms
             }
@@ -173,13 +177,13 @@ def mamlpp(
         """The inner rate tree for step ``k`` (0 for per-step normalisation parameters)."""
         k = min(k, num_steps - 1)
         norms = set(meta_params.get("norm", {}))
-        learned = meta_params.get("inner_lr")
+        learned = meta_params.get("inner_lr_scale")
 
         def rate(path, leaf):
             name = path_name(path)
             if name in norms:
                 return jnp.zeros((), jnp.asarray(leaf).dtype)
-            return learned[name][k] if learned is not None else inner_lr
+            return inner_lr * learned[name][k] if learned is not None else inner_lr
 
         return jax.tree_util.tree_map_with_path(rate, meta_params["params"])
 

@@ -107,19 +107,21 @@ def test_per_step_rate_gradient_matches_finite_differences():
 
         @jax.jit
         def loss_of_rates(rates):  # the multi-step loss, built from adapt for 1 and 2 steps
-            mp = {**meta, "inner_lr": rates}
+            mp = {**meta, "inner_lr_scale": rates}
             w = multi_step_loss_weights(progress, 2, 0.1)
             traj = [learner.adapt(mp, task.support, k) for k in (1, 2)]
             return sum(wk * model.loss_fn(p, task.query) for wk, p in zip(w, traj, strict=True))
 
-        check_grads(loss_of_rates, (meta["inner_lr"],), order=1, modes=["rev"])
-        direction = random_like(meta["inner_lr"], jax.random.key(3))
+        check_grads(loss_of_rates, (meta["inner_lr_scale"],), order=1, modes=["rev"])
+        direction = random_like(meta["inner_lr_scale"], jax.random.key(3))
         h = 1e-6
         bumped = lambda s: jax.tree_util.tree_map(  # noqa: E731
-            lambda r, d: r + s * h * d, meta["inner_lr"], direction
+            lambda r, d: r + s * h * d, meta["inner_lr_scale"], direction
         )
         numeric = (loss_of_rates(bumped(1)) - loss_of_rates(bumped(-1))) / (2 * h)
-        np.testing.assert_allclose(tree_vdot(grads["inner_lr"], direction), numeric, rtol=1e-6)
+        np.testing.assert_allclose(
+            tree_vdot(grads["inner_lr_scale"], direction), numeric, rtol=1e-6
+        )
 
 
 def test_per_step_norm_copies_are_swapped_in_and_add_up_to_the_maml_gradient():
@@ -128,7 +130,7 @@ def test_per_step_norm_copies_are_swapped_in_and_add_up_to_the_maml_gradient():
     learner = mamlpp(model, inner_lr=0.05, num_steps=2, msl_fraction=0, first_order_fraction=0)
     meta = learner.init(jax.random.key(0), params)
     assert sorted(meta["norm"]) == ["LayerNorm_0/bias", "LayerNorm_0/scale"]
-    assert "LayerNorm_0/scale" not in meta["inner_lr"]
+    assert "LayerNorm_0/scale" not in meta["inner_lr_scale"]
     assert meta["norm"]["LayerNorm_0/scale"].shape == (2, 8)
 
     # Norm parameters are not adapted; after k steps the forward pass uses copy k.
@@ -156,6 +158,33 @@ def test_per_step_norm_copies_are_swapped_in_and_add_up_to_the_maml_gradient():
         np.testing.assert_allclose(total, want["LayerNorm_0"][leaf], rtol=1e-4, atol=1e-7)
     chex.assert_trees_all_close(grads["params"]["head"], want["head"], rtol=1e-4, atol=1e-7)
     chex.assert_trees_all_close(grads["params"]["hidden_0"], want["hidden_0"], rtol=1e-4, atol=1e-7)
+
+
+def test_evaluating_past_num_steps_reuses_the_last_rates_and_norm_copy():
+    model = model_from_flax(NormNet(), (1,), "regression", head=("head",))
+    learner = mamlpp(model, inner_lr=0.05, num_steps=2)
+    meta = learner.init(jax.random.key(0), init_params(model))
+    evaluated = jax.jit(learner.evaluate, static_argnums=2)(meta, ONE_TASK, (0, 2, 4))
+    adapt = jax.jit(learner.adapt, static_argnums=2)
+    for i, k in enumerate((0, 2, 4)):
+        adapted = adapt(meta, ONE_TASK.support, k)
+        np.testing.assert_allclose(
+            evaluated["mse"][i], model.loss_fn(adapted, ONE_TASK.query), rtol=1e-5
+        )
+
+
+def test_conv4_batch_norm_parameters_get_per_step_copies():
+    from metalearn.models.conv4 import Conv4
+
+    model = model_from_flax(Conv4(5, filters=4), (28, 28, 1), "classification", head=("head",))
+    learner = mamlpp(model, num_steps=3)
+    meta = jax.eval_shape(lambda k: learner.init(k, model.init(k)), jax.random.key(0))
+    assert sorted(meta["norm"]) == [f"norms_{i}/{p}" for i in range(4) for p in ("bias", "scale")]
+    assert meta["norm"]["norms_0/scale"].shape == (3, 4)
+    assert sorted(meta["inner_lr_scale"]) == sorted(
+        [f"convs_{i}/{p}" for i in range(4) for p in ("bias", "kernel")]
+        + ["head/bias", "head/kernel"]
+    )
 
 
 def test_cosine_meta_learning_rate_schedule():
