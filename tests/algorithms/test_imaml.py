@@ -4,20 +4,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.flatten_util import ravel_pytree
 
-from metalearn.algorithms.imaml import imaml
+from metalearn.algorithms.imaml import gauss_newton_vp, imaml
 from metalearn.core import maml_loss
 from tests.algorithms.problems import (
     init_params,
     linear_model,
     linear_task,
     quadratic_terms,
+    random_like,
     sine_model,
     sine_task,
+    small_sine_model,
 )
 
 
-def test_implicit_gradient_equals_the_exact_linear_solve():
+@pytest.mark.parametrize("curvature", ["hessian", "gauss_newton"])  # the same for a linear model
+def test_implicit_gradient_equals_the_exact_linear_solve(curvature):
     """Support loss 0.5 w^T A w - b^T w: the proximal solution is phi = (A + lam I)^-1 (b + lam
     theta), so d phi / d theta = lam (A + lam I)^-1 and the meta-gradient is
     (I + A / lam)^-1 grad L_query(phi), computed here with numpy in float64."""
@@ -28,7 +32,14 @@ def test_implicit_gradient_equals_the_exact_linear_solve():
         aq, bq = quadratic_terms(task.query)
         lr = 1.0 / (np.linalg.eigvalsh(a).max() + lam)  # descent converges geometrically
         learner = imaml(
-            linear_model(3), inner_lr=float(lr), num_steps=400, lam=lam, cg_iters=3, cg_tol=0.0
+            linear_model(3),
+            inner_lr=float(lr),
+            num_steps=400,
+            lam=lam,
+            cg_iters=3,
+            cg_tol=0.0,
+            inner_optimizer="sgd",
+            curvature=curvature,
         )
         grad, _ = jax.jit(learner.task_grad)(theta, task, 0.0)
         phi = jax.jit(learner.adapt)(theta, task.support)
@@ -46,6 +57,32 @@ def test_implicit_gradient_equals_the_exact_linear_solve():
             return 0.5 * phi_t @ aq @ phi_t - bq @ phi_t
 
         np.testing.assert_allclose(grad, jax.grad(query_loss_of_exact_phi)(theta), rtol=1e-9)
+
+
+def test_gauss_newton_product_equals_the_explicit_jacobian_construction():
+    model = small_sine_model()
+    params = init_params(model)
+    task = sine_task(1)
+    v = random_like(params, jax.random.key(4))
+    got = jax.jit(gauss_newton_vp, static_argnums=0)(model, params, task.support, v)
+    flat, unravel = ravel_pytree(params)
+    x, y = task.support
+    jac = jax.jacfwd(lambda f: model.apply(unravel(f), x).ravel())(flat)  # [outputs, params]
+    out = model.apply(params, x)
+    h_out = jax.hessian(lambda o: model.loss(o.reshape(out.shape), y))(out.ravel())
+    want = jac.T @ h_out @ jac @ ravel_pytree(v)[0]
+    np.testing.assert_allclose(ravel_pytree(got)[0], want, rtol=1e-4, atol=1e-6)
+
+
+def test_adam_inner_loop_reaches_the_proximal_point_too():
+    lam = 0.7
+    with jax.enable_x64(True):
+        theta, task = linear_task(seed=4, n=8, dim=3, dtype=np.float64)
+        learner = imaml(linear_model(3), inner_lr=0.01, num_steps=2000, lam=lam)
+        phi = jax.jit(learner.adapt)(theta, task.support)
+    a, b = quadratic_terms(task.support)
+    phi_exact = np.linalg.solve(a + lam * np.eye(3), b + lam * np.asarray(theta))
+    np.testing.assert_allclose(phi, phi_exact, atol=1e-3)
 
 
 def test_inner_loop_is_not_differentiated():
@@ -99,6 +136,8 @@ def test_compiled_memory_does_not_grow_with_inner_steps(kind):
         ({"num_steps": 0}, "num_steps"),
         ({"cg_iters": 0}, "cg_iters"),
         ({"cg_tol": -1e-3}, "cg_tol"),
+        ({"inner_optimizer": "lbfgs"}, "inner_optimizer"),
+        ({"curvature": "fisher"}, "curvature"),
     ],
 )
 def test_bad_config_values_name_the_key(kwargs, key):
