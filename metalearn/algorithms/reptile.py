@@ -40,7 +40,7 @@ INNER_OPTIMIZERS = ("sgd", "adam")
 @dataclasses.dataclass
 class ReptileConfig:
     name: str = "reptile"
-    inner_lr: float = 0.02
+    inner_lr: float = 0.01
     num_steps: int = 5
     inner_optimizer: str = "sgd"
     adam_b1: float = 0.0
@@ -50,7 +50,7 @@ class ReptileConfig:
 def reptile(
     model: Model,
     *,
-    inner_lr: float = 0.02,
+    inner_lr: float = 0.01,
     num_steps: int = 5,
     inner_optimizer: str = "sgd",
     adam_b1: float = 0.0,
