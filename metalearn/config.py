@@ -46,7 +46,7 @@ class TrainerConfig:
     meta_batch_size: int = 25
     shots: int = 10  # support examples per class (per task for regression) during training
     task_batching: str = "auto"  # auto | vmap | unroll | map: how tasks in a meta-batch run
-    steps_per_call: int = 100  # meta-steps fused into one jitted call (lax.scan); 1 disables
+    steps_per_call: int = 0  # meta-steps fused into one jitted call (lax.scan); 0: auto
     log_every: int = 1000
     eval_every: int = 10_000  # 0: evaluate only at the end
     checkpoint_every: int = 10_000
@@ -106,6 +106,7 @@ def register_configs() -> None:
 
 def to_objects(cfg: DictConfig) -> Config:
     """Turn a composed config into plain dataclasses: nothing from OmegaConf reaches jit."""
+
     def section(schema: type, key: str) -> Any:
         # A section missing from the config (e.g. a run saved by an older version) takes the
         # schema's defaults.
@@ -152,7 +153,10 @@ def validate(cfg: Config) -> None:
         t.meta_batch_size >= 1, f"trainer.meta_batch_size must be >= 1, got {t.meta_batch_size}"
     )
     _require(t.shots >= 1, f"trainer.shots must be >= 1, got {t.shots}")
-    _require(t.steps_per_call >= 1, f"trainer.steps_per_call must be >= 1, got {t.steps_per_call}")
+    _require(
+        t.steps_per_call >= 0,
+        f"trainer.steps_per_call must be >= 0 (0: auto), got {t.steps_per_call}",
+    )
     for key in ("log_every", "checkpoint_every"):
         value = getattr(t, key)
         _require(value >= 1, f"trainer.{key} must be >= 1, got {value}")

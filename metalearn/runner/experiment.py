@@ -8,12 +8,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from metalearn.algorithms.base import MetaLearner
+from metalearn.algorithms.base import MetaLearner, algorithm_lr_schedule
 from metalearn.config import Config, OptimizerConfig
 from metalearn.data.task import TaskDistribution
 from metalearn.models.base import Model, model_from_flax
 from metalearn.registry import ALGORITHMS, MODELS, TASKS
-from metalearn.runner.steps import TrainState, resolve_task_batching
+from metalearn.runner.steps import TrainState, resolve_steps_per_call, resolve_task_batching
 
 # Streams derived from the run's seed; evaluation uses its own seed (EvalConfig.seed).
 TRAIN_STREAM, INIT_STREAM = 0, 1
@@ -25,13 +25,22 @@ class Experiment(NamedTuple):
     learner: MetaLearner
     optimizer: optax.GradientTransformation
     task_batching: str
+    steps_per_call: int
     initial_state: TrainState
     train_key: jax.Array
 
 
-def build_optimizer(cfg: OptimizerConfig, total_steps: int) -> optax.GradientTransformation:
-    """The outer optimiser: adam | adamw | sgd, constant or cosine rate, optional clipping."""
-    if cfg.schedule == "cosine":
+def build_optimizer(
+    cfg: OptimizerConfig, total_steps: int, schedule: optax.Schedule | None = None
+) -> optax.GradientTransformation:
+    """The outer optimiser: adam | adamw | sgd, constant or cosine rate, optional clipping.
+
+    ``schedule``, when given (an algorithm that prescribes its own, like MAML++), replaces the
+    rate the optimiser config describes.
+    """
+    if schedule is not None:
+        lr = schedule
+    elif cfg.schedule == "cosine":
         lr = optax.warmup_cosine_decay_schedule(
             init_value=0.0 if cfg.warmup_steps else cfg.lr,
             peak_value=cfg.lr,
@@ -67,15 +76,17 @@ def build_experiment(cfg: Config) -> Experiment:
     tasks = TASKS.build(cfg.data)
     model = build_model(cfg, tasks)
     learner = ALGORITHMS.build(cfg.algorithm, model)
-    optimizer = build_optimizer(cfg.optimizer, cfg.trainer.num_steps)
+    prescribed = algorithm_lr_schedule(cfg.algorithm, cfg.optimizer.lr, cfg.trainer.num_steps)
+    optimizer = build_optimizer(cfg.optimizer, cfg.trainer.num_steps, prescribed)
     root = jax.random.key(cfg.seed)
     init_key, learner_key = jax.random.split(jax.random.fold_in(root, INIT_STREAM))
     model_params = model.init(init_key)
     meta_params = learner.init(learner_key, model_params)
     state = TrainState(jnp.asarray(0, jnp.int32), meta_params, optimizer.init(meta_params))
     strategy = resolve_task_batching(cfg.trainer.task_batching, model_params)
+    steps_per_call = resolve_steps_per_call(cfg.trainer.steps_per_call, model_params)
     train_key = jax.random.fold_in(root, TRAIN_STREAM)
-    return Experiment(tasks, model, learner, optimizer, strategy, state, train_key)
+    return Experiment(tasks, model, learner, optimizer, strategy, steps_per_call, state, train_key)
 
 
 def count_parameters(tree: Any) -> int:

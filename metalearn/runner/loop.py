@@ -27,7 +27,7 @@ class NonFiniteError(FloatingPointError):
     """Training produced a NaN or an infinity; nothing non-finite was saved."""
 
 
-def chunk_length(step: int, cfg: Config) -> int:
+def chunk_length(step: int, cfg: Config, steps_per_call: int) -> int:
     """Meta-steps in the next jitted call: up to ``steps_per_call``, never past a boundary.
 
     Boundaries are the multiples of the log, eval and checkpoint intervals and the last step, so
@@ -36,7 +36,7 @@ def chunk_length(step: int, cfg: Config) -> int:
     t = cfg.trainer
     intervals = [t.log_every, t.checkpoint_every] + ([t.eval_every] if t.eval_every else [])
     next_boundary = min([t.num_steps] + [(step // k + 1) * k for k in intervals])
-    return min(t.steps_per_call, next_boundary - step)
+    return min(steps_per_call, next_boundary - step)
 
 
 class Runner:
@@ -182,7 +182,7 @@ def _train(runner: Runner) -> dict:
     try:
         with StopRequest() as stop:
             while step < t.num_steps and not stop.requested:
-                n = chunk_length(step, cfg)
+                n = chunk_length(step, cfg, runner.exp.steps_per_call)
                 state, metrics = runner.train_call(state, n)
                 step += n
                 progress.advance(step)

@@ -38,8 +38,25 @@ def resolve_task_batching(strategy: str, model_params: PyTree) -> str:
         return strategy
     if jax.default_backend() != "cpu":
         return "vmap"
-    has_conv = any(leaf.ndim == 4 for leaf in jax.tree_util.tree_leaves(model_params))
-    return "unroll" if has_conv else "vmap"
+    return "unroll" if _has_convolutions(model_params) else "vmap"
+
+
+def _has_convolutions(model_params: PyTree) -> bool:
+    return any(leaf.ndim == 4 for leaf in jax.tree_util.tree_leaves(model_params))
+
+
+def resolve_steps_per_call(steps_per_call: int, model_params: PyTree) -> int:
+    """Meta-steps fused per jitted call; 0 means auto.
+
+    Auto fuses 100 steps in a ``lax.scan`` (dispatch overhead dominates small models), except
+    for convolutional models on CPU, where convolutions inside an XLA:CPU loop run several
+    times slower than at top level: there, one step per call.
+    """
+    if steps_per_call:
+        return steps_per_call
+    if jax.default_backend() == "cpu" and _has_convolutions(model_params):
+        return 1
+    return 100
 
 
 def map_over_tasks(fn: Callable[[PyTree], PyTree], tasks: PyTree, strategy: str) -> PyTree:

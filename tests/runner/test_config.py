@@ -102,3 +102,31 @@ def test_cli_reports_an_unwritable_output_directory(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error: output directory")
     assert str(locked / "run") in lines[0]
     assert "compiled" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    "algorithm", ["maml", "fomaml", "reptile", "anil", "meta_sgd", "mamlpp", "imaml", "protonet"]
+)
+def test_every_algorithm_composes_with_the_sinusoid_experiment(algorithm):
+    cfg = to_objects(compose_config(["+experiment=sinusoid_maml", f"algorithm={algorithm}"]))
+    assert cfg.algorithm.name == algorithm
+
+
+def test_an_algorithm_prescribed_schedule_reaches_the_optimizer():
+    import jax
+    import jax.numpy as jnp
+
+    from metalearn.algorithms.base import algorithm_lr_schedule
+
+    overrides = ["+experiment=sinusoid_maml", "algorithm=mamlpp", "trainer.num_steps=100"]
+    cfg = to_objects(compose_config(overrides))
+    exp = build_experiment(cfg)
+    params = {"w": jnp.zeros(3)}
+    grads = {"w": jnp.ones(3)}  # constant gradient: each Adam update is -lr(t) exactly
+    state = exp.optimizer.init(params)
+    update = jax.jit(exp.optimizer.update)
+    for _ in range(51):
+        updates, state = update(grads, state, params)
+    schedule = algorithm_lr_schedule(cfg.algorithm, cfg.optimizer.lr, 100)
+    assert float(schedule(50)) < 0.6 * cfg.optimizer.lr  # the cosine is well below the peak
+    assert float(-updates["w"][0]) == pytest.approx(float(schedule(50)), rel=1e-3)

@@ -60,7 +60,7 @@ def test_chunks_never_cross_a_boundary():
     )
     step, ends = 0, []
     while step < 23:
-        step += chunk_length(step, cfg)
+        step += chunk_length(step, cfg, cfg.trainer.steps_per_call)
         ends.append(step)
     assert ends == [4, 5, 9, 10, 14, 15, 19, 20, 23]
 
