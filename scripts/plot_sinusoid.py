@@ -50,7 +50,11 @@ def plot(run_dir: Path, shots: int, seed: int, steps: list[int], out: Path) -> N
         steps[1]: f"{steps[1]} grad steps",
     }
     for num_steps, style in zip([0, *steps], [":", "--", "-"], strict=True):
-        params = learner.adapt(meta_params, task.support, num_steps)  # 0: the meta-learned init
+        params = (
+            learner.adapt(meta_params, task.support, num_steps)
+            if num_steps
+            else initial_model_params(meta_params)
+        )
         ax.plot(xs[:, 0], model.apply(params, xs)[:, 0], style, label=labels[num_steps])
     ax.plot(
         task.support[0][:, 0], task.support[1][:, 0], "^", color="purple", label="used for grad"
@@ -59,6 +63,14 @@ def plot(run_dir: Path, shots: int, seed: int, steps: list[int], out: Path) -> N
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
+
+
+def initial_model_params(meta_params):
+    """The meta-learned initialisation: the meta-parameters themselves, or their ``"params"``
+    entry for algorithms that meta-learn more (Meta-SGD's rates, MAML++'s per-step values)."""
+    if isinstance(meta_params, dict) and "params" in meta_params:
+        return meta_params["params"]
+    return meta_params
 
 
 def main(argv: list[str] | None = None) -> int:
