@@ -49,8 +49,12 @@ def plot(run_dirs: list[Path], out: Path) -> None:
             ax_train.plot(steps, values, label=f"{run_dir.name}: {metric}")
         for (metric, shots, inner), points in sorted(val.items()):
             steps, means, cis = zip(*points, strict=True)
-            line = ax_val.plot(steps, means, marker="o", label=f"{run_dir.name}: {metric}, "
-                               f"{shots} shots, {inner} steps")[0]
+            line = ax_val.plot(
+                steps,
+                means,
+                marker="o",
+                label=f"{run_dir.name}: {metric}, {shots} shots, {inner} steps",
+            )[0]
             low = [m - c for m, c in zip(means, cis, strict=True)]
             high = [m + c for m, c in zip(means, cis, strict=True)]
             ax_val.fill_between(steps, low, high, color=line.get_color(), alpha=0.2)
