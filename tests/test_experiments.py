@@ -39,6 +39,7 @@ DEFAULT = {
     "omniglot_20w1s",
     "cifarfs_5w1s",
     "fc100_5w1s",
+    "omniglot_5w1s_protonet",
 }
 PARAMS = [e if e in DEFAULT else pytest.param(e, marks=pytest.mark.slow) for e in EXPERIMENTS]
 
@@ -61,3 +62,18 @@ def test_tiny_version_of_every_experiment_runs(experiment, tmp_path):
         accuracy = [r for r in records if r["metric"] == "accuracy"]
         assert accuracy and all(r["ways"] == cfg.data.ways for r in accuracy)
         assert all(0.0 <= r["mean"] <= 1.0 for r in accuracy)
+
+
+ALGORITHMS = ["maml", "fomaml", "reptile", "anil", "meta_sgd", "mamlpp", "imaml"]
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_tiny_run_of_every_algorithm_on_sinusoid(algorithm, tmp_path):
+    cfg = to_objects(
+        compose_config(["+experiment=sinusoid_maml", "+debug=tiny", f"algorithm={algorithm}"])
+    )
+    summary = train_and_evaluate(cfg, str(tmp_path))
+    assert summary["step"] == cfg.trainer.num_steps
+    records = json.loads((tmp_path / "eval.json").read_text())
+    assert {r["metric"] for r in records} == {"mse"}
+    assert all(r["mean"] is not None and r["nonfinite"] == 0 for r in records)
