@@ -94,7 +94,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--order", type=csv_list, help="second,first (default: per case)")
     p.add_argument("--meta-batch", type=int, help="tasks per meta-step (default: per case)")
     p.add_argument(
-        "--batching", type=csv_list, default=["auto"], help="metalearn: auto,vmap,unroll,map"
+        "--batching",
+        type=csv_list,
+        default=["auto"],
+        help="metalearn: auto,vmap,unroll,map, or mapN (N parallel lax.map chains, proposed)",
     )
     p.add_argument(
         "--steps-per-call", type=int, default=1, help="metalearn: meta-steps fused per jit call"
@@ -135,8 +138,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if order not in ("second", "first"):
             p.error(f"--order takes second,first; got {order!r}")
     for strategy in args.batching:
-        if strategy not in ("auto", "vmap", "unroll", "map"):
-            p.error(f"--batching takes auto,vmap,unroll,map; got {strategy!r}")
+        if strategy not in ("auto", "vmap", "unroll", "map") and not (
+            strategy.startswith("map") and strategy[3:].isdigit()
+        ):
+            p.error(f"--batching takes auto,vmap,unroll,map,mapN; got {strategy!r}")
     return args
 
 

@@ -90,6 +90,32 @@ def build_parts(spec: dict[str, Any]):
     return tasks, model, learner
 
 
+def patch_parallel_map(chains: int) -> None:
+    """Add a task batching strategy ``map<chains>`` to the runner, for measuring it: the
+    meta-batch split into ``chains`` groups, each a ``lax.map`` loop, the groups unrolled side
+    by side so that XLA:CPU can run the loops on different cores (one ``lax.map`` runs its
+    tasks one after the other, and a single task's convolutions are too small to keep two
+    cores busy)."""
+    import metalearn.runner.steps as steps
+
+    original = steps.map_over_tasks
+
+    def map_over_tasks(fn, tasks, strategy):
+        if strategy != f"map{chains}":
+            return original(fn, tasks, strategy)
+        count = jax.tree_util.tree_leaves(tasks)[0].shape[0]
+        if count % chains:
+            raise ValueError(f"meta-batch {count} is not a multiple of {chains} chains")
+        groups = jax.tree_util.tree_map(lambda t: t.reshape(chains, -1, *t.shape[1:]), tasks)
+        outs = [
+            jax.lax.map(fn, jax.tree_util.tree_map(lambda t, i=i: t[i], groups))
+            for i in range(chains)
+        ]
+        return jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs), *outs)
+
+    steps.map_over_tasks = map_over_tasks
+
+
 def memory_stats() -> dict | None:
     try:
         return jax.devices()[0].memory_stats()
@@ -116,6 +142,14 @@ def run_metalearn(spec: dict[str, Any]) -> dict[str, Any]:
     meta_params = learner.init(learner_key, model_params)
     state = TrainState(jnp.asarray(0, jnp.int32), meta_params, optimizer.init(meta_params))
     strategy = resolve_task_batching(spec["batching"], model_params)
+    if strategy.startswith("map") and strategy != "map":  # e.g. map2: proposed, see below
+        patch_parallel_map(int(strategy[3:]))
+    extra, arrays = {}, tasks.splits["train"]
+    if len(jax.devices()) > 1:  # shard the tasks as the runner does (trainer.shard_tasks)
+        from metalearn.runner.devices import replicated, task_mesh
+
+        mesh = task_mesh(True, spec["meta_batch"])
+        state, arrays, extra = replicated(state, mesh), replicated(arrays, mesh), {"mesh": mesh}
     meta_step = make_meta_step(
         learner,
         tasks,
@@ -125,8 +159,8 @@ def run_metalearn(spec: dict[str, Any]) -> dict[str, Any]:
         shots=spec["shots"],
         total_steps=total_steps,
         strategy=strategy,
+        **extra,
     )
-    arrays = tasks.splits["train"]
     jitted = make_multi_step(meta_step, spec["steps_per_call"])
     jax.block_until_ready((state, arrays))
     rss_before = rss_peak_mb()
@@ -149,6 +183,7 @@ def run_metalearn(spec: dict[str, Any]) -> dict[str, Any]:
 
     row = {
         "device": f"{jax.devices()[0].platform}:{jax.devices()[0].device_kind}",
+        "num_devices": len(jax.devices()),
         "batching": strategy,
         "ms_per_step": 1e3 * statistics.median(times) if times else None,
         "ms_min": 1e3 * min(times) if times else None,
