@@ -108,6 +108,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=["xla"],
         help="metalearn Conv4 layers: xla (library nn.Conv), im2col, canonical (bench_conv.py)",
     )
+    p.add_argument(
+        "--inner-unroll",
+        default="full",
+        help="metalearn MAML inner loop: full (library default, unrolled) or N (rolled scan)",
+    )
     p.add_argument("--remat", action="store_true", help="metalearn: rematerialise inner steps")
     p.add_argument(
         "--remat-sweep",
@@ -186,6 +191,7 @@ def make_specs(args: argparse.Namespace) -> list[dict[str, Any]]:
                                 steps_per_call=args.steps_per_call if impl == "metalearn" else 1,
                                 torch_threads=args.torch_threads,
                                 compile_cache=args.compile_cache,
+                                inner_unroll=args.inner_unroll,
                             )
                             specs.append(base)
     return specs
@@ -215,6 +221,7 @@ def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
     row.update(queries=spec["queries"], remat=spec["remat"], conv=spec.get("conv", "-"))
     row.update(steps=spec["steps"])
     row.update(steps_per_call=spec["steps_per_call"], warmup=spec["warmup"])
+    row.update(inner_unroll=spec.get("inner_unroll", "full"))
     row.update(result)
     row["load_1m"] = load
     row["xla_flags"] = os.environ.get("XLA_FLAGS", "")
@@ -298,6 +305,7 @@ MARKDOWN_COLUMNS = [
     ("inner_steps", "k"),
     ("order", "order"),
     ("remat", "remat"),
+    ("inner_unroll", "inner unroll"),
     ("steps_per_call", "fused"),
     ("ms_per_step", "ms/step"),
     ("ms_min", "min ms"),

@@ -78,6 +78,8 @@ def build_parts(spec: dict[str, Any]):
     model = model_from_flax(
         module, tasks.input_shape, tasks.kind, head=("head",), embed_method=embed
     )
+    if spec.get("inner_unroll", "full") != "full":  # proposed: a rolled inner loop
+        patch_inner_unroll(int(spec["inner_unroll"]))
     learner = ALGORITHMS.build(
         MAMLConfig(
             inner_lr=spec["inner_lr"],
@@ -88,6 +90,19 @@ def build_parts(spec: dict[str, Any]):
         model,
     )
     return tasks, model, learner
+
+
+def patch_inner_unroll(unroll: int) -> None:
+    """Make MAML's inner loop a rolled ``lax.scan`` (``unroll`` steps per iteration) instead of
+    the library's fully unrolled default, for measuring it: remat only bounds memory when the
+    loop is rolled (XLA schedules an unrolled program as straight-line code and keeps the
+    rematerialised steps' buffers alive)."""
+    import functools
+
+    import metalearn.algorithms.maml as maml
+    from metalearn.core import adapt
+
+    maml.adapt = functools.partial(adapt, unroll=unroll)
 
 
 def patch_parallel_map(chains: int) -> None:
