@@ -186,7 +186,7 @@ class _ImageIndex:
             def load_from_pickle() -> np.ndarray:
                 data = self._load_pickle(path)
                 images = np.asarray(data["image_data"])[np.asarray(data["class_dict"][wnid])]
-                return images.astype(np.uint8).reshape(-1, *SIZE, 3)
+                return images.astype(np.uint8)  # the builder checks the shape
 
             return load_from_pickle
         if wnid not in self.files:
