@@ -82,7 +82,13 @@ def random_subset(key: jax.Array, batch: tuple[int, ...], n: int, k: int) -> jax
 
 
 def check_episode_settings(ways: int, num_queries: int) -> None:
-    """Raise ValueError naming the ``data.*`` key for invalid episode settings."""
+    """Raise ValueError naming the ``data.*`` key for invalid episode settings.
+
+    >>> check_episode_settings(ways=1, num_queries=15)
+    Traceback (most recent call last):
+    ...
+    ValueError: data.ways must be >= 2, got 1
+    """
     if not isinstance(ways, int) or ways < 2:
         raise ValueError(f"data.ways must be >= 2, got {ways}")
     if not isinstance(num_queries, int) or num_queries < 1:

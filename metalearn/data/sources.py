@@ -33,7 +33,11 @@ class DataSourceError(RuntimeError):
 
 
 def one_line(err: BaseException) -> str:
-    """``"TypeName: message"`` on one line, for wrapping a low-level error."""
+    """``"TypeName: message"`` on one line, for wrapping a low-level error.
+
+    >>> one_line(OSError("disk   full"))
+    'OSError: disk full'
+    """
     text = " ".join(str(err).split()) or "no details"
     return f"{type(err).__name__}: {text}"
 
@@ -170,6 +174,13 @@ def decode_image(
 
     Resizing uses Lanczos filtering (antialiased); an image already at ``size`` is untouched.
     Returns uint8 with a trailing channel axis, e.g. (28, 28, 1) for ``mode="L"``.
+
+    >>> png = io.BytesIO()
+    >>> Image.new("L", (105, 105), 255).save(png, format="PNG")
+    >>> image = decode_image(png.getvalue(), (28, 28), "L", where="x.png", dataset="demo",
+    ...                      how_to_get="fetch x.png")
+    >>> image.shape, int(image.min())
+    ((28, 28, 1), 255)
     """
     try:
         with Image.open(io.BytesIO(data)) as image:
@@ -207,6 +218,10 @@ def load_data_pickle(data: bytes, *, where: str, dataset: str, how_to_get: str) 
     """Unpickle a dataset file (dicts, lists, numpy arrays only), Python 2 pickles included.
 
     Dictionary keys that are bytes (Python 2 strings) are decoded to ``str``.
+
+    >>> data = pickle.dumps({b"labels": [1, 2], "data": np.zeros(2, np.uint8)})
+    >>> sorted(load_data_pickle(data, where="x", dataset="demo", how_to_get="fetch x"))
+    ['data', 'labels']
     """
     try:
         value = _NumpyOnlyUnpickler(io.BytesIO(data), encoding="latin1").load()
