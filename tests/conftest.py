@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import doctest
 import os
 import tempfile
 
@@ -54,3 +55,26 @@ def compose_config(overrides: list[str]) -> DictConfig:
             del cfg["hydra"]
         OmegaConf.resolve(cfg)
     return cfg
+
+
+def run_docstring_examples(fn, name: str, module) -> doctest.TestResults:
+    """Run the ``>>>`` examples of ``fn``'s docstring in ``module``'s namespace."""
+    tests = doctest.DocTestFinder().find(fn, name, module=module, globs=vars(module).copy())
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    for test in tests:
+        runner.run(test)
+    return runner.summarize(verbose=False)
+
+
+def restore_latest_state(run_dir, cfg=None):
+    """The latest checkpointed TrainState of a run (``cfg`` defaults to its config.yaml)."""
+    from metalearn.config import to_objects
+    from metalearn.runner.checkpoints import CheckpointStore
+    from metalearn.runner.experiment import build_experiment
+
+    if cfg is None:
+        cfg = to_objects(OmegaConf.load(os.path.join(run_dir, "config.yaml")))
+    store = CheckpointStore(os.path.join(run_dir, "checkpoints"), 2)
+    state, _ = store.restore(build_experiment(cfg).initial_state)
+    store.close()
+    return state

@@ -1,11 +1,11 @@
 """Every public function carries a docstring with a runnable example, and the examples pass."""
 
-import doctest
 import inspect
 
 import pytest
 
 import metalearn
+from tests.conftest import run_docstring_examples
 
 PUBLIC = [name for name in metalearn.__all__ if inspect.isfunction(getattr(metalearn, name))]
 
@@ -19,11 +19,6 @@ def test_public_api_names_of_the_design_contract_are_exported():
 def test_docstring_example_runs(name):
     fn = getattr(metalearn, name)
     assert fn.__doc__ and ">>>" in fn.__doc__, f"{name} has no runnable example"
-    module = inspect.getmodule(fn)
-    tests = doctest.DocTestFinder().find(fn, name, module=module, globs=vars(module).copy())
-    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    for test in tests:
-        runner.run(test)
-    result = runner.summarize(verbose=False)
+    result = run_docstring_examples(fn, name, inspect.getmodule(fn))
     assert result.attempted > 0
     assert result.failed == 0, f"{name}: {result.failed} docstring example(s) failed"

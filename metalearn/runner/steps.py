@@ -76,7 +76,13 @@ def sample_tasks(
     tasks: TaskDistribution, split_arrays: PyTree, key: jax.Array, count: int, shots: int
 ):
     """``count`` tasks from one key, stacked on a leading axis."""
-    keys = jax.random.split(key, count)
+    return sample_tasks_from_keys(tasks, split_arrays, jax.random.split(key, count), shots)
+
+
+def sample_tasks_from_keys(
+    tasks: TaskDistribution, split_arrays: PyTree, keys: jax.Array, shots: int
+):
+    """One task per key, stacked on a leading axis."""
     return jax.vmap(lambda k: tasks.sample(split_arrays, k, shots))(keys)
 
 
@@ -143,7 +149,7 @@ def make_eval_step(
     """Jitted ``(meta_params, split_arrays, keys, shots) -> {metric: [len(keys), len(steps)]}``."""
 
     def evaluate(meta_params, split_arrays, keys, shots):
-        batch = jax.vmap(lambda k: tasks.sample(split_arrays, k, shots))(keys)
+        batch = sample_tasks_from_keys(tasks, split_arrays, keys, shots)
         if mesh is not None and keys.shape[0] % mesh.size == 0:
             batch = shard_task_axis(batch, mesh)
         per_task = map_over_tasks(

@@ -4,13 +4,13 @@ The factories' examples build and compile a meta-learner (seconds each on a 2-co
 carry the slow marker; the same code paths run in the default suite through the other tests.
 """
 
-import doctest
 import importlib
 import inspect
 
 import pytest
 
 from metalearn.registry import ALGORITHMS
+from tests.conftest import run_docstring_examples
 
 MODULES = ["base", "maml", "reptile", "anil", "meta_sgd", "mamlpp", "imaml", "protonet"]
 FACTORIES = {ALGORITHMS.entry(name).factory for name in ALGORITHMS.names()}
@@ -51,10 +51,6 @@ def test_docstring_example_runs(module, name):
     if name in NO_EXAMPLE:
         return
     assert ">>>" in fn.__doc__, f"{name} has no runnable example"
-    tests = doctest.DocTestFinder().find(fn, name, module=module, globs=vars(module).copy())
-    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    for test in tests:
-        runner.run(test)
-    result = runner.summarize(verbose=False)
+    result = run_docstring_examples(fn, name, module)
     assert result.attempted > 0
     assert result.failed == 0, f"{name}: {result.failed} docstring example(s) failed"

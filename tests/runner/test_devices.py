@@ -10,11 +10,8 @@ import sys
 
 import jax
 import numpy as np
-from omegaconf import OmegaConf
 
-from metalearn.config import to_objects
-from metalearn.runner.checkpoints import CheckpointStore
-from metalearn.runner.experiment import build_experiment
+from tests.conftest import restore_latest_state
 
 TINY = [
     "+experiment=sinusoid_maml",
@@ -42,14 +39,6 @@ def finish(proc, timeout=240):
     return output
 
 
-def final_state(run_dir):
-    cfg = to_objects(OmegaConf.load(run_dir / "config.yaml"))
-    store = CheckpointStore(str(run_dir / "checkpoints"), 2)
-    state, _ = store.restore(build_experiment(cfg).initial_state)
-    store.close()
-    return state
-
-
 def assert_same_training(a, b):
     assert int(a.step) == int(b.step) == 6
     for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
@@ -61,7 +50,9 @@ def test_tasks_sharded_over_four_devices_give_the_one_device_update(tmp_path):
     output = finish(train(tmp_path / "four", devices=4))
     finish(single)
     assert "4 cpu device(s)" in output
-    assert_same_training(final_state(tmp_path / "one"), final_state(tmp_path / "four"))
+    assert_same_training(
+        restore_latest_state(str(tmp_path / "one")), restore_latest_state(str(tmp_path / "four"))
+    )
 
 
 def test_meta_batch_must_divide_over_devices(tmp_path):
@@ -94,5 +85,7 @@ def test_two_processes_on_localhost_train_like_one(tmp_path):
     assert "2 cpu device(s)" in outputs[0]
     single = train(tmp_path / "one")
     finish(single)
-    assert_same_training(final_state(tmp_path / "one"), final_state(tmp_path / "two"))
+    assert_same_training(
+        restore_latest_state(str(tmp_path / "one")), restore_latest_state(str(tmp_path / "two"))
+    )
     assert (tmp_path / "two" / "eval.json").exists()

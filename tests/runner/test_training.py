@@ -16,21 +16,13 @@ from metalearn.config import to_objects
 from metalearn.runner.checkpoints import CheckpointStore
 from metalearn.runner.experiment import build_experiment
 from metalearn.runner.loop import NonFiniteError, chunk_length, train_and_evaluate
-from tests.conftest import compose_config
+from tests.conftest import compose_config, restore_latest_state
 
 TINY = ["+experiment=sinusoid_maml", "+debug=tiny"]
 
 
 def tiny_config(*overrides):
     return to_objects(compose_config([*TINY, *overrides]))
-
-
-def final_params(workdir, cfg):
-    template = build_experiment(cfg).initial_state
-    store = CheckpointStore(os.path.join(workdir, "checkpoints"), 2)
-    state, _ = store.restore(template)
-    store.close()
-    return state
 
 
 def test_tiny_run_writes_every_output(tmp_path):
@@ -75,8 +67,8 @@ def test_resumed_run_reaches_the_same_parameters(tmp_path):
     assert CheckpointStore(str(tmp_path / "resumed" / "checkpoints"), 2).latest_step() == 8
     train_and_evaluate(cfg, str(tmp_path / "resumed"))
     straight, resumed = (
-        final_params(tmp_path / "straight", cfg),
-        final_params(tmp_path / "resumed", cfg),
+        restore_latest_state(str(tmp_path / "straight"), cfg),
+        restore_latest_state(str(tmp_path / "resumed"), cfg),
     )
     assert int(straight.step) == int(resumed.step) == 12
     for a, b in zip(
@@ -135,7 +127,10 @@ def test_signal_saves_a_usable_checkpoint_and_resume_matches(tmp_path, signum):
     )
     train_and_evaluate(finish, str(run_dir))
     train_and_evaluate(finish, str(tmp_path / "straight"))
-    a, b = final_params(run_dir, finish), final_params(tmp_path / "straight", finish)
+    a, b = (
+        restore_latest_state(str(run_dir), finish),
+        restore_latest_state(str(tmp_path / "straight"), finish),
+    )
     for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
         np.testing.assert_array_equal(x, y)
 
@@ -147,7 +142,7 @@ def test_half_written_checkpoint_is_never_loaded(tmp_path):
     (tmp_path / "checkpoints" / "6.orbax-checkpoint-tmp-1234").mkdir()
     (tmp_path / "checkpoints" / "6.orbax-checkpoint-tmp-1234" / "garbage").write_text("x")
     assert CheckpointStore(str(tmp_path / "checkpoints"), 2).latest_step() == 4
-    state = final_params(tmp_path, cfg)
+    state = restore_latest_state(str(tmp_path), cfg)
     assert int(state.step) == 4
 
 
