@@ -105,8 +105,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--conv",
         type=csv_list,
-        default=["xla"],
-        help="metalearn Conv4 layers: xla (library nn.Conv), im2col, canonical (bench_conv.py)",
+        default=["auto"],
+        help="metalearn Conv4 layers: auto, xla, im2col (model.conv), canonical (bench_conv.py)",
     )
     p.add_argument(
         "--inner-unroll",

@@ -14,12 +14,11 @@ Why ``vmap`` and ``lax.map`` over tasks are slow on XLA:CPU (see experiments/ben
   emitter instead of its Eigen convolution (outside loops they are rewritten to the canonical
   ``b01f_01io->b01f``): ~10x slower.
 
-Both go away if a convolution is written as what it is on a CPU, a matrix product over image
-patches ("im2col"): nine strided slices of the padded input, concatenated on the channel axis,
-times the kernel reshaped to ``[9 * in, out]``. Under ``vmap`` that is a batched matrix
-product, inside a loop a plain one; its derivatives (of any order) are matrix products, pads
-and slices. :class:`PatchConv` is a drop-in for ``flax.linen.Conv`` (same parameter names and
-shapes, so checkpoints are interchangeable) and :func:`patch_conv4` a Conv4 built from it.
+The library's answer is :mod:`metalearn.models.patch_conv` (``model.conv: im2col``, the CPU
+default): the convolution as a matrix product over image patches, whose derivatives of every
+order are matrix products, pads and slices. This script keeps the other formulation measured,
+:func:`canonical_conv` / :class:`CanonicalConv` (a ``jax.custom_vjp`` whose derivatives are
+canonical convolutions; reverse mode only), and the per-layer micro-benchmark of all three.
 
     python scripts/bench_conv.py            # per-layer micro-benchmark of the formulations
 """
@@ -36,45 +35,14 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from metalearn.models.patch_conv import PatchConv, im2col_conv
+
 
 def same_padding(size: int, window: int, stride: int) -> tuple[int, int]:
     """TensorFlow/XLA "SAME" padding (low, high) for one spatial axis."""
     out = -(-size // stride)
     total = max((out - 1) * stride + window - size, 0)
     return total // 2, total - total // 2
-
-
-def im2col_conv(x: jax.Array, kernel: jax.Array, stride: int = 1) -> jax.Array:
-    """``lax.conv_general_dilated(x, kernel, stride, "SAME")`` for NHWC ``x`` and HWIO
-    ``kernel``, as one matrix product over the image patches.
-
-    >>> import jax, jax.numpy as jnp
-    >>> x = jax.random.normal(jax.random.key(0), (2, 7, 7, 3))
-    >>> k = jax.random.normal(jax.random.key(1), (3, 3, 3, 4))
-    >>> ref = jax.lax.conv_general_dilated(x, k, (2, 2), "SAME",
-    ...     dimension_numbers=("NHWC", "HWIO", "NHWC"))
-    >>> bool(jnp.allclose(im2col_conv(x, k, 2), ref, atol=1e-4))
-    True
-    """
-    kh, kw, cin, cout = kernel.shape
-    _, h, w, _ = x.shape
-    (top, bottom), (left, right) = same_padding(h, kh, stride), same_padding(w, kw, stride)
-    xp = jnp.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)))
-    oh, ow = -(-h // stride), -(-w // stride)
-    patches = jnp.concatenate(
-        [
-            lax.slice(
-                xp,
-                (0, i, j, 0),
-                (xp.shape[0], i + stride * (oh - 1) + 1, j + stride * (ow - 1) + 1, cin),
-                (1, stride, stride, 1),
-            )
-            for i in range(kh)
-            for j in range(kw)
-        ],
-        axis=-1,
-    )
-    return jnp.einsum("nhwk,kf->nhwf", patches, kernel.reshape(kh * kw * cin, cout))
 
 
 DIMS = ("NHWC", "HWIO", "NHWC")
@@ -194,32 +162,12 @@ class CanonicalConv(nn.Module):
         return canonical_conv(x, kernel, strides, padding) + bias
 
 
-class PatchConv(nn.Module):
-    """``nn.Conv(features, (3, 3), strides, padding="SAME")`` computed by :func:`im2col_conv`.
-
-    Same parameters (``kernel`` HWIO, ``bias``) and initialisers as ``nn.Conv``.
-    """
-
-    features: int
-    kernel_size: tuple[int, int] = (3, 3)
-    strides: int = 1
-    kernel_init: nn.initializers.Initializer = nn.initializers.lecun_normal()
-
-    @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        kernel = self.param(
-            "kernel", self.kernel_init, (*self.kernel_size, x.shape[-1], self.features)
-        )
-        bias = self.param("bias", nn.initializers.zeros, (self.features,))
-        return im2col_conv(x, kernel, self.strides) + bias
-
-
 CONV_LAYERS = {"im2col": PatchConv, "canonical": CanonicalConv}
 
 
 def conv4_with(conv: str, num_outputs: int, filters: int = 64):
     """metalearn's Conv4 (stride variant, mean readout) with ``conv`` layers: ``im2col``
-    (:class:`PatchConv`) or ``canonical`` (:class:`CanonicalConv`)."""
+    (the library's :class:`PatchConv`) or ``canonical`` (:class:`CanonicalConv`)."""
     from metalearn.models.conv4 import BatchStatNorm, Conv4
 
     layer = CONV_LAYERS[conv]

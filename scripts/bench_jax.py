@@ -66,14 +66,15 @@ def build_parts(spec: dict[str, Any]):
         from metalearn.models.conv4 import Conv4Config
 
         tasks = random_omniglot_tasks(spec["ways"], spec["queries"])
-        if spec.get("conv", "xla") != "xla":  # the proposed CPU formulations (bench_conv.py)
+        if spec.get("conv") == "canonical":  # custom-VJP convolutions of bench_conv.py
             from bench_conv import conv4_with
 
             module = conv4_with(spec["conv"], tasks.num_outputs, filters=64)
-        else:
-            module = MODELS.build(
-                Conv4Config(filters=64, downsample="stride", readout="mean"), tasks.num_outputs
+        else:  # the library's Conv4: conv auto | xla | im2col
+            config = Conv4Config(
+                filters=64, downsample="stride", readout="mean", conv=spec.get("conv", "auto")
             )
+            module = MODELS.build(config, tasks.num_outputs)
     embed = "embed" if hasattr(module, "embed") else None
     model = model_from_flax(
         module, tasks.input_shape, tasks.kind, head=("head",), embed_method=embed
@@ -129,6 +130,14 @@ def patch_parallel_map(chains: int) -> None:
         return jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs), *outs)
 
     steps.map_over_tasks = map_over_tasks
+
+
+def resolved_conv(spec: dict[str, Any]) -> str:
+    """The Conv4 convolution the spec ran with (``auto`` resolved), or ``-`` (no Conv4)."""
+    from metalearn.models.conv4 import CONVS, resolve_conv
+
+    conv = spec.get("conv", "-")
+    return resolve_conv(conv) if spec["kind"] != "sinusoid" and conv in CONVS else conv
 
 
 def memory_stats() -> dict | None:
@@ -198,6 +207,7 @@ def run_metalearn(spec: dict[str, Any]) -> dict[str, Any]:
 
     row = {
         "device": f"{jax.devices()[0].platform}:{jax.devices()[0].device_kind}",
+        "conv": resolved_conv(spec),
         "num_devices": len(jax.devices()),
         "batching": strategy,
         "ms_per_step": 1e3 * statistics.median(times) if times else None,

@@ -4,12 +4,13 @@ The only model boundary is ``loss_fn(params, batch) -> scalar``: ``params`` is a
 (nested dicts, Flax params) and ``batch`` any pytree, e.g. ``(x, y)``. Nothing here knows
 about Flax modules, data or configs.
 
-The inner loop is a ``jax.lax.scan`` over ``num_steps`` inner updates. It is fully unrolled by
-default (``unroll=True``): on XLA:CPU, convolutions inside a compiled loop body run several
-times slower than unrolled ones, and for the short inner loops of MAML compile time stays
-small. Pass ``unroll=1`` for long inner loops to keep compile time flat, and ``remat=True`` to
-recompute each step's activations in the backward pass instead of storing them
-(``jax.checkpoint``), trading compute for memory.
+The inner loop is a ``jax.lax.scan`` over ``num_steps`` inner updates, fully unrolled by
+default (XLA schedules the few steps of MAML as straight-line code). Pass ``unroll=1`` for long
+inner loops to keep compile time flat in ``num_steps``. ``remat=True`` recomputes each step's
+activations in the backward pass instead of storing them (``jax.checkpoint``), trading compute
+for memory; it implies a rolled loop (``unroll=1``) unless ``unroll`` is given, because XLA
+keeps the buffers of an unrolled loop alive anyway (measured in experiments/benchmarks/: with a
+rolled loop, peak memory stays flat in ``num_steps``; unrolled, remat saves nothing).
 """
 
 from __future__ import annotations
@@ -102,11 +103,13 @@ def _run_inner_loop(
     num_steps: int,
     first_order: bool,
     optimizer: optax.GradientTransformation | None,
-    unroll: int | bool,
+    unroll: int | bool | None,
     remat: bool,
     keep_trajectory: bool,
 ) -> tuple[PyTree, PyTree | None]:
     _check_num_steps(num_steps)
+    if unroll is None:
+        unroll = 1 if remat else True
     if (inner_lr is None) == (optimizer is None):
         raise ValueError(
             "pass exactly one of inner_lr (plain SGD) or optimizer (an optax transform)"
@@ -135,7 +138,7 @@ def adapt(
     num_steps: int = 1,
     first_order: bool = False,
     optimizer: optax.GradientTransformation | None = None,
-    unroll: int | bool = True,
+    unroll: int | bool | None = None,
     remat: bool = False,
 ) -> PyTree:
     """Adapt ``params`` to ``support`` with ``num_steps`` differentiable inner steps.
@@ -146,6 +149,8 @@ def adapt(
     applies its update instead. Exactly one of the two is given.
 
     ``first_order=True`` stops gradients through the inner gradients (first-order MAML).
+    ``unroll`` is ``lax.scan``'s (default: ``True``, or ``1`` with ``remat=True``); ``remat``
+    recomputes each step's activations in the backward pass (see the module docstring).
 
     >>> import jax.numpy as jnp
     >>> loss = lambda w, b: 0.5 * jnp.sum((w - b) ** 2)
@@ -176,7 +181,7 @@ def adapt_trajectory(
     num_steps: int = 1,
     first_order: bool = False,
     optimizer: optax.GradientTransformation | None = None,
-    unroll: int | bool = True,
+    unroll: int | bool | None = None,
     remat: bool = False,
 ) -> PyTree:
     """Like :func:`adapt`, but return the parameters after every step, stacked.
@@ -217,7 +222,7 @@ def maml_loss(
     num_steps: int = 1,
     first_order: bool = False,
     optimizer: optax.GradientTransformation | None = None,
-    unroll: int | bool = True,
+    unroll: int | bool | None = None,
     remat: bool = False,
 ) -> jax.Array:
     """The MAML meta-loss: ``loss_fn(adapt(loss_fn, params, support, ...), query)``.

@@ -20,6 +20,12 @@ the wrapped :class:`metalearn.models.base.Model` stays a pure function of its pa
 scale and bias are learnable parameters. Inputs are NHWC (JAX's fast layout on CPU and GPU).
 Convolutions use Glorot-uniform initialisation (Finn et al.'s ``xavier_initializer``), biases
 zero.
+
+``conv`` picks how the convolutions are computed, with the same parameters either way:
+``"xla"`` is ``flax.linen.Conv`` (XLA's convolution), ``"im2col"`` is
+:class:`metalearn.models.patch_conv.PatchConv` (a matrix product over image patches, which stays
+fast on XLA:CPU when tasks are batched by ``vmap`` or looped over; see that module), and
+``"auto"`` (the default) chooses ``im2col`` on CPU and ``xla`` on GPUs and TPUs.
 """
 
 from __future__ import annotations
@@ -30,10 +36,25 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from metalearn.models.patch_conv import PatchConv
 from metalearn.registry import MODELS
 
 DOWNSAMPLING = ("stride", "maxpool")
 READOUTS = ("flatten", "mean")
+CONVS = ("auto", "xla", "im2col")
+
+
+def resolve_conv(conv: str) -> str:
+    """``"xla"`` or ``"im2col"``: ``"auto"`` is ``im2col`` on CPU, ``xla`` elsewhere.
+
+    >>> resolve_conv("xla")
+    'xla'
+    """
+    if conv not in CONVS:
+        raise ValueError(f"model.conv must be one of {CONVS}, got {conv!r}")
+    if conv != "auto":
+        return conv
+    return "im2col" if jax.default_backend() == "cpu" else "xla"
 
 
 class BatchStatNorm(nn.Module):
@@ -77,12 +98,14 @@ class Conv4(nn.Module):
     filters: int = 64
     downsample: str = "stride"
     readout: str = "mean"
+    conv: str = "auto"  # auto | xla | im2col (see the module docstring)
 
     def setup(self):
         stride = 2 if self.downsample == "stride" else 1
         init = nn.initializers.xavier_uniform()
+        layer = PatchConv if resolve_conv(self.conv) == "im2col" else nn.Conv
         self.convs = [
-            nn.Conv(self.filters, (3, 3), strides=stride, padding="SAME", kernel_init=init)
+            layer(self.filters, (3, 3), strides=stride, padding="SAME", kernel_init=init)
             for _ in range(4)
         ]
         self.norms = [BatchStatNorm() for _ in range(4)]
@@ -108,11 +131,17 @@ class Conv4Config:
     filters: int = 64
     downsample: str = "stride"  # stride (Omniglot) | maxpool (miniImageNet)
     readout: str = "mean"  # mean (Omniglot in Finn et al.'s code) | flatten (miniImageNet)
+    conv: str = "auto"  # auto (im2col on CPU, xla elsewhere) | xla | im2col
 
 
 @MODELS.register("conv4", Conv4Config)
 def conv4(
-    num_outputs: int, *, filters: int = 64, downsample: str = "stride", readout: str = "mean"
+    num_outputs: int,
+    *,
+    filters: int = 64,
+    downsample: str = "stride",
+    readout: str = "mean",
+    conv: str = "auto",
 ) -> Conv4:
     """Conv4 with ``num_outputs`` logits; see the module docstring for the two variants.
 
@@ -125,4 +154,5 @@ def conv4(
         raise ValueError(f"model.readout must be one of {READOUTS}, got {readout!r}")
     if int(filters) < 1:
         raise ValueError(f"model.filters must be >= 1, got {filters}")
-    return Conv4(int(num_outputs), int(filters), downsample, readout)
+    resolve_conv(conv)  # validates
+    return Conv4(int(num_outputs), int(filters), downsample, readout, conv)

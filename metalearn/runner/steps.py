@@ -29,16 +29,17 @@ class TrainState(NamedTuple):
 def resolve_task_batching(strategy: str, model_params: PyTree) -> str:
     """Pick how the tasks of a meta-batch are batched, when the config says ``auto``.
 
-    On GPUs and TPUs, ``vmap``. On CPU, ``vmap`` for dense models, but for convolutional ones
-    (any 4-d kernel) a Python loop unrolled inside ``jit``: XLA:CPU turns per-task kernels
-    under ``vmap`` into grouped convolutions (~40x slower than unrolled here), and runs
-    convolutions inside ``lax.map`` loops ~10x slower.
+    On GPUs and TPUs, ``vmap``. On CPU, ``vmap`` for dense models, but ``map`` (one task per
+    loop iteration) for convolutional ones (any 4-d kernel): per-task kernels under ``vmap``
+    become grouped convolutions, which XLA:CPU expands, and one task's matrix products are
+    already large enough for the CPU; a Python loop unrolled inside ``jit`` (``unroll``) makes
+    the program 32 times larger and compiles for minutes. Measured in experiments/benchmarks/.
     """
     if strategy != "auto":
         return strategy
     if jax.default_backend() != "cpu":
         return "vmap"
-    return "unroll" if _has_convolutions(model_params) else "vmap"
+    return "map" if _has_convolutions(model_params) else "vmap"
 
 
 def _has_convolutions(model_params: PyTree) -> bool:
@@ -48,14 +49,14 @@ def _has_convolutions(model_params: PyTree) -> bool:
 def resolve_steps_per_call(steps_per_call: int, model_params: PyTree) -> int:
     """Meta-steps fused per jitted call; 0 means auto.
 
-    Auto fuses 100 steps in a ``lax.scan`` (dispatch overhead dominates small models), except
-    for convolutional models on CPU, where convolutions inside an XLA:CPU loop run several
-    times slower than at top level: there, one step per call.
+    Auto fuses 100 steps in a ``lax.scan`` (dispatch overhead dominates small models), and
+    10 for convolutional models on CPU, whose steps take long enough that dispatch costs
+    nothing and progress should be reported more often.
     """
     if steps_per_call:
         return steps_per_call
     if jax.default_backend() == "cpu" and _has_convolutions(model_params):
-        return 1
+        return 10
     return 100
 
 
@@ -70,6 +71,34 @@ def map_over_tasks(fn: Callable[[PyTree], PyTree], tasks: PyTree, strategy: str)
         outs = [fn(jax.tree_util.tree_map(lambda t, i=i: t[i], tasks)) for i in range(count)]
         return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *outs)
     raise ValueError(f"unknown task batching strategy {strategy!r}")
+
+
+def mean_over_tasks(fn: Callable[[PyTree], PyTree], tasks: PyTree, strategy: str) -> PyTree:
+    """The mean of ``fn(task)`` over the leading axis of ``tasks``.
+
+    With ``map`` the loop accumulates the sum in its carry instead of stacking one result per
+    task and reducing afterwards: no ``[tasks, *params]`` buffer, and no large reduction after
+    the loop (XLA:CPU took 17 ms to average 32 Conv4 kernel gradients that way).
+
+    >>> import jax.numpy as jnp
+    >>> tasks = jnp.arange(6.0).reshape(3, 2)
+    >>> [float(mean_over_tasks(jnp.sum, tasks, s)) for s in ("vmap", "map", "unroll")]
+    [5.0, 5.0, 5.0]
+    """
+    if strategy != "map":
+        stacked = map_over_tasks(fn, tasks, strategy.removesuffix("_then_mean"))
+        return jax.tree_util.tree_map(lambda x: jnp.mean(x, axis=0), stacked)
+    count = jax.tree_util.tree_leaves(tasks)[0].shape[0]
+    shapes = jax.eval_shape(fn, jax.tree_util.tree_map(lambda t: t[0], tasks))
+    zeros = jax.tree_util.tree_map(
+        lambda s: jnp.zeros(s.shape, jnp.result_type(s.dtype, jnp.float32)), shapes
+    )
+
+    def accumulate(total, task):
+        return jax.tree_util.tree_map(jnp.add, total, fn(task)), None
+
+    total, _ = jax.lax.scan(accumulate, zeros, tasks)
+    return jax.tree_util.tree_map(lambda x: x / count, total)
 
 
 def sample_tasks(
@@ -111,10 +140,12 @@ def make_meta_step(
             sample_tasks(tasks, train_arrays, key, meta_batch_size, shots), mesh
         )
         progress = state.step.astype(jnp.float32) / total_steps
-        grads, metrics = map_over_tasks(
-            lambda task: learner.task_grad(state.meta_params, task, progress), batch, strategy
+        grads, metrics = mean_over_tasks(
+            lambda task: learner.task_grad(state.meta_params, task, progress),
+            batch,
+            # a loop carry cannot be split across devices: with a mesh, map then reduce
+            "map_then_mean" if mesh is not None and strategy == "map" else strategy,
         )
-        grads, metrics = jax.tree_util.tree_map(lambda x: jnp.mean(x, axis=0), (grads, metrics))
         updates, opt_state = optimizer.update(grads, state.opt_state, state.meta_params)
         meta_params = optax.apply_updates(state.meta_params, updates)
         return constrain_replicated(

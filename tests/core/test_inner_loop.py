@@ -212,3 +212,41 @@ def test_vmap_over_tasks_equals_loop_over_tasks():
         chex.assert_trees_all_close(
             pick(batched), grad(params, pick(supports), pick(queries)), rtol=1e-5, atol=1e-6
         )
+
+
+def test_remat_rolls_the_inner_loop_and_keeps_memory_flat():
+    """``remat=True`` defaults to a rolled loop, where checkpointing actually frees memory:
+    XLA's temporaries for 10 inner steps of a 256-wide MLP on 1024 points (compile-time
+    figures, not timings)."""
+
+    def loss(p, batch):
+        x, y = batch
+        h = jnp.tanh(jnp.tanh(x @ p["w1"]) @ p["w2"])
+        return jnp.mean((h @ p["w3"] - y) ** 2)
+
+    keys = jax.random.split(jax.random.key(0), 4)
+    params = {
+        "w1": 0.3 * jax.random.normal(keys[0], (8, 256)),
+        "w2": 0.06 * jax.random.normal(keys[1], (256, 256)),
+        "w3": 0.06 * jax.random.normal(keys[2], (256, 1)),
+    }
+    batch = (jax.random.normal(keys[3], (1024, 8)), jnp.zeros((1024, 1)))
+
+    def temp_mb(**options):
+        meta_grad = jax.grad(
+            lambda p: maml_loss(loss, p, batch, batch, inner_lr=0.1, num_steps=10, **options)
+        )
+        analysis = jax.jit(meta_grad).lower(params).compile().memory_analysis()
+        return analysis.temp_size_in_bytes / 2**20
+
+    def scan_unroll(**options):
+        jaxpr = jax.make_jaxpr(
+            lambda p: adapt(loss, p, batch, inner_lr=0.1, num_steps=10, **options)
+        )(params)
+        return [e.params["unroll"] for e in jaxpr.jaxpr.eqns if e.primitive.name == "scan"]
+
+    assert scan_unroll() == [10] and scan_unroll(remat=True) == [1]
+    assert scan_unroll(remat=True, unroll=True) == [10]
+    plain, rolled_remat = temp_mb(), temp_mb(remat=True)
+    assert rolled_remat < 0.5 * plain, (plain, rolled_remat)  # measured: 67.6 -> 13.1 MB
+    assert rolled_remat < 0.5 * temp_mb(remat=True, unroll=True)  # unrolled remat: 47.6 MB

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from metalearn.models.base import model_from_flax
-from metalearn.models.conv4 import BatchStatNorm, Conv4, conv4
+from metalearn.models.conv4 import DOWNSAMPLING, BatchStatNorm, Conv4, conv4
 from metalearn.registry import MODELS
 
 
@@ -101,8 +101,43 @@ def test_registered_and_wraps_as_a_pure_model_with_head_and_embed():
         (dict(downsample="avgpool"), "model.downsample"),
         (dict(readout="max"), "model.readout"),
         (dict(filters=0), "model.filters"),
+        (dict(conv="cudnn"), "model.conv"),
     ],
 )
 def test_invalid_settings_name_the_config_key(kwargs, key):
     with pytest.raises(ValueError, match=key):
         conv4(5, **kwargs)
+
+
+@pytest.mark.parametrize("downsample", DOWNSAMPLING)
+def test_im2col_and_xla_convolutions_compute_the_same_network(downsample):
+    """Same parameter tree, same outputs, same meta-relevant gradients for either ``conv``."""
+    x = jax.random.normal(jax.random.key(0), (6, 28, 28, 1))
+    nets = {c: conv4(5, filters=8, downsample=downsample, conv=c) for c in ("xla", "im2col")}
+    params = nets["xla"].init(jax.random.key(1), x)["params"]
+    other = nets["im2col"].init(jax.random.key(1), x)["params"]
+    assert jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(other)
+    for a, b in zip(*map(jax.tree_util.tree_leaves, (params, other)), strict=True):
+        np.testing.assert_array_equal(a, b)  # same initialisers, same draws
+
+    def loss(c, p):
+        return jnp.mean(jnp.tanh(nets[c].apply({"params": p}, x)) ** 2)
+
+    np.testing.assert_allclose(
+        nets["im2col"].apply({"params": params}, x),
+        nets["xla"].apply({"params": params}, x),
+        atol=1e-4,
+    )
+    grads = {c: jax.grad(loss, 1)(c, params) for c in nets}
+    for a, b in zip(*(jax.tree_util.tree_leaves(g) for g in grads.values()), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+
+
+def test_auto_convolution_is_im2col_on_cpu_and_xla_elsewhere(monkeypatch):
+    from metalearn.models import conv4 as module
+
+    assert module.resolve_conv("auto") == ("im2col" if jax.default_backend() == "cpu" else "xla")
+    monkeypatch.setattr(module.jax, "default_backend", lambda: "gpu")
+    assert module.resolve_conv("auto") == "xla"
+    monkeypatch.setattr(module.jax, "default_backend", lambda: "cpu")
+    assert module.resolve_conv("auto") == "im2col"

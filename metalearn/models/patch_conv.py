@@ -1,0 +1,130 @@
+"""Convolution as one matrix product over image patches ("im2col"), for XLA:CPU.
+
+Why: meta-learning batches tasks that each have their own (adapted) kernels. On XLA:CPU,
+
+- under ``vmap`` JAX turns the per-task convolutions into one grouped convolution, which
+  XLA:CPU expands (its kernel gradient becomes a 3-D convolution over a dilated task axis):
+  ~6x slower forward and ~50x slower backward than separate convolutions;
+- inside a loop (``lax.map`` over tasks, ``lax.scan`` over fused meta-steps) the input and
+  kernel gradients that JAX's transpose rules emit keep non-canonical dimension orders, which
+  XLA:CPU runs through a generic loop emitter, ~10-20x slower than its convolution kernels.
+
+Written as nine strided slices of the padded input, concatenated on the channel axis and
+multiplied by the kernel reshaped to ``[kh * kw * in, out]``, a convolution is a plain matrix
+product inside a loop and a batched one under ``vmap``; its derivatives of every order, forward
+mode included, are matrix products, pads and slices. Measured in experiments/benchmarks/.
+
+:class:`PatchConv` is a drop-in for ``flax.linen.Conv`` with "SAME" or "VALID" padding (same
+parameter names, shapes and initialisers, so parameters and checkpoints are interchangeable).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+PADDINGS = ("SAME", "VALID")
+
+
+def _pads(size: int, window: int, stride: int, padding: str) -> tuple[int, int, int]:
+    """(low, high, output size) of one spatial axis, as ``lax.conv_general_dilated`` pads."""
+    if padding == "VALID":
+        return 0, 0, (size - window) // stride + 1
+    out = -(-size // stride)
+    total = max((out - 1) * stride + window - size, 0)
+    return total // 2, total - total // 2, out
+
+
+def image_patches(
+    x: jax.Array, window: Sequence[int], strides: Sequence[int], padding: str = "SAME"
+) -> jax.Array:
+    """``[batch, out_h, out_w, kh * kw * channels]`` patches of NHWC ``x``, tap-major.
+
+    Channel ``(i * kw + j) * channels + c`` of an output position holds input channel ``c``
+    at kernel tap ``(i, j)``, matching an HWIO kernel reshaped to ``[kh * kw * in, out]``.
+
+    >>> import jax.numpy as jnp
+    >>> image_patches(jnp.zeros((2, 28, 28, 1)), (3, 3), (2, 2)).shape
+    (2, 14, 14, 9)
+    """
+    if padding not in PADDINGS:
+        raise ValueError(f"padding must be one of {PADDINGS}, got {padding!r}")
+    n, h, w, c = x.shape
+    (kh, kw), (sh, sw) = window, strides
+    top, bottom, oh = _pads(h, kh, sh, padding)
+    left, right, ow = _pads(w, kw, sw, padding)
+    if oh < 1 or ow < 1:
+        raise ValueError(f"window {tuple(window)} does not fit input {h}x{w} ({padding})")
+    padded = jnp.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)))
+    taps = [
+        lax.slice(
+            padded,
+            (0, i, j, 0),
+            (n, i + sh * (oh - 1) + 1, j + sw * (ow - 1) + 1, c),
+            (1, sh, sw, 1),
+        )
+        for i in range(kh)
+        for j in range(kw)
+    ]
+    return taps[0] if len(taps) == 1 else jnp.concatenate(taps, axis=-1)
+
+
+def im2col_conv(
+    x: jax.Array,
+    kernel: jax.Array,
+    strides: int | Sequence[int] = 1,
+    padding: str = "SAME",
+) -> jax.Array:
+    """``lax.conv_general_dilated(x, kernel, strides, padding)`` for NHWC ``x`` and HWIO
+    ``kernel``, as one matrix product over :func:`image_patches`.
+
+    >>> import jax, jax.numpy as jnp
+    >>> x = jax.random.normal(jax.random.key(0), (2, 7, 7, 3))
+    >>> k = jax.random.normal(jax.random.key(1), (3, 3, 3, 4))
+    >>> ref = jax.lax.conv_general_dilated(x, k, (2, 2), "SAME",
+    ...     dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    >>> bool(jnp.allclose(im2col_conv(x, k, 2), ref, atol=1e-4))
+    True
+    """
+    if isinstance(strides, int):
+        strides = (strides, strides)
+    kh, kw, cin, cout = kernel.shape
+    if x.shape[-1] != cin:
+        raise ValueError(f"input has {x.shape[-1]} channels, the kernel expects {cin}")
+    patches = image_patches(x, (kh, kw), strides, padding)
+    return jnp.einsum("nhwk,kf->nhwf", patches, kernel.reshape(kh * kw * cin, cout))
+
+
+class PatchConv(nn.Module):
+    """``nn.Conv(features, kernel_size, strides, padding)`` computed by :func:`im2col_conv`.
+
+    Same parameters (``kernel`` HWIO, ``bias``) and initialisers as ``nn.Conv``:
+
+    >>> import jax, jax.numpy as jnp, flax.linen as nn
+    >>> x = jax.random.normal(jax.random.key(0), (2, 28, 28, 1))
+    >>> params = nn.Conv(8, (3, 3), strides=2).init(jax.random.key(1), x)
+    >>> y = PatchConv(8, (3, 3), strides=2).apply(params, x)
+    >>> bool(jnp.allclose(y, nn.Conv(8, (3, 3), strides=2).apply(params, x), atol=1e-5))
+    True
+    """
+
+    features: int
+    kernel_size: tuple[int, int] = (3, 3)
+    strides: int | tuple[int, int] = 1
+    padding: str = "SAME"
+    use_bias: bool = True
+    kernel_init: nn.initializers.Initializer = nn.initializers.lecun_normal()
+    bias_init: nn.initializers.Initializer = nn.initializers.zeros_init()
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        shape = (*self.kernel_size, x.shape[-1], self.features)
+        kernel = self.param("kernel", self.kernel_init, shape)
+        y = im2col_conv(x, kernel, self.strides, self.padding)
+        if self.use_bias:
+            y = y + self.param("bias", self.bias_init, (self.features,))
+        return y

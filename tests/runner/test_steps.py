@@ -1,0 +1,88 @@
+"""Task batching: every strategy gives the same meta-step; the CPU default for conv models."""
+
+from __future__ import annotations
+
+import doctest
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from metalearn.algorithms.maml import maml
+from metalearn.data.episodes import episode_distribution
+from metalearn.models.base import model_from_flax
+from metalearn.models.conv4 import conv4
+from metalearn.runner import steps
+from metalearn.runner.steps import TrainState, make_meta_step, resolve_task_batching
+
+
+def tiny_conv_experiment(conv: str):
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (12, 4, 28, 28, 1), dtype=np.uint8)
+    tasks = episode_distribution(
+        {"train": images, "val": images, "test": images}, ways=3, num_queries=2, dataset="toy"
+    )
+    module = conv4(tasks.num_outputs, filters=4, conv=conv)
+    model = model_from_flax(module, tasks.input_shape, tasks.kind, head=("head",))
+    return tasks, model, maml(model, inner_lr=0.4, num_steps=2)
+
+
+@pytest.mark.parametrize("conv", ["im2col", pytest.param("xla", marks=pytest.mark.slow)])
+def test_every_task_batching_gives_the_same_meta_step(conv):
+    tasks, model, learner = tiny_conv_experiment(conv)
+    params = learner.init(jax.random.key(1), model.init(jax.random.key(0)))
+    optimizer = optax.sgd(1.0)  # the update is the meta-gradient itself
+    state = TrainState(jnp.asarray(0, jnp.int32), params, optimizer.init(params))
+    results = {}
+    for strategy in ("vmap", "map", "unroll"):
+        step = make_meta_step(
+            learner,
+            tasks,
+            optimizer,
+            train_key=jax.random.key(2),
+            meta_batch_size=4,
+            shots=1,
+            total_steps=10,
+            strategy=strategy,
+        )
+        results[strategy] = jax.jit(step)(state, tasks.splits["train"])
+    for strategy in ("map", "unroll"):
+        for got, want in zip(
+            jax.tree_util.tree_leaves(results[strategy]),
+            jax.tree_util.tree_leaves(results["vmap"]),
+            strict=True,
+        ):
+            np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-6)
+    moved = jax.tree_util.tree_map(lambda a, b: jnp.abs(a - b).max(), results["map"][0], state)
+    assert float(max(jax.tree_util.tree_leaves(moved.meta_params))) > 0  # a real step
+
+
+def test_cpu_default_batching_is_map_for_conv_models_and_vmap_for_dense(monkeypatch):
+    conv_params = {"kernel": jnp.zeros((3, 3, 1, 4))}
+    dense_params = {"kernel": jnp.zeros((4, 4))}
+    monkeypatch.setattr(steps.jax, "default_backend", lambda: "cpu")
+    assert resolve_task_batching("auto", conv_params) == "map"
+    assert resolve_task_batching("auto", dense_params) == "vmap"
+    assert resolve_task_batching("unroll", conv_params) == "unroll"
+    monkeypatch.setattr(steps.jax, "default_backend", lambda: "gpu")
+    assert resolve_task_batching("auto", conv_params) == "vmap"
+
+
+def test_mean_over_tasks_handles_pytrees_and_integer_metrics():
+    tasks = {"x": jnp.arange(12.0).reshape(4, 3), "n": jnp.arange(4)}
+
+    def fn(task):
+        return {"sum": jnp.sum(task["x"]), "n": task["n"]}, task["x"] * 2
+
+    for strategy in ("vmap", "map", "unroll"):
+        (metrics, doubled) = steps.mean_over_tasks(fn, tasks, strategy)
+        assert float(metrics["sum"]) == pytest.approx(16.5)
+        assert float(metrics["n"]) == pytest.approx(1.5)
+        np.testing.assert_allclose(doubled, jnp.arange(12.0).reshape(4, 3).mean(0) * 2)
+
+
+def test_docstring_examples():
+    result = doctest.testmod(steps, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
