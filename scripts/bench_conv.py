@@ -35,14 +35,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from metalearn.models.patch_conv import PatchConv, im2col_conv
+from metalearn.models.patch_conv import PatchConv, axis_padding, im2col_conv
 
 
 def same_padding(size: int, window: int, stride: int) -> tuple[int, int]:
     """TensorFlow/XLA "SAME" padding (low, high) for one spatial axis."""
-    out = -(-size // stride)
-    total = max((out - 1) * stride + window - size, 0)
-    return total // 2, total - total // 2
+    low, high, _ = axis_padding(size, window, stride, "SAME")
+    return low, high
 
 
 DIMS = ("NHWC", "HWIO", "NHWC")

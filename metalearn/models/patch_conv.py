@@ -30,8 +30,12 @@ from jax import lax
 PADDINGS = ("SAME", "VALID")
 
 
-def _pads(size: int, window: int, stride: int, padding: str) -> tuple[int, int, int]:
-    """(low, high, output size) of one spatial axis, as ``lax.conv_general_dilated`` pads."""
+def axis_padding(size: int, window: int, stride: int, padding: str) -> tuple[int, int, int]:
+    """(low, high, output size) of one spatial axis, as ``lax.conv_general_dilated`` pads.
+
+    >>> axis_padding(14, 3, 2, "SAME")
+    (0, 1, 7)
+    """
     if padding == "VALID":
         return 0, 0, (size - window) // stride + 1
     out = -(-size // stride)
@@ -55,8 +59,8 @@ def image_patches(
         raise ValueError(f"padding must be one of {PADDINGS}, got {padding!r}")
     n, h, w, c = x.shape
     (kh, kw), (sh, sw) = window, strides
-    top, bottom, oh = _pads(h, kh, sh, padding)
-    left, right, ow = _pads(w, kw, sw, padding)
+    top, bottom, oh = axis_padding(h, kh, sh, padding)
+    left, right, ow = axis_padding(w, kw, sw, padding)
     if oh < 1 or ow < 1:
         raise ValueError(f"window {tuple(window)} does not fit input {h}x{w} ({padding})")
     padded = jnp.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)))

@@ -76,8 +76,8 @@ def test_mean_over_tasks_handles_pytrees_and_integer_metrics():
     def fn(task):
         return {"sum": jnp.sum(task["x"]), "n": task["n"]}, task["x"] * 2
 
-    for strategy in ("vmap", "map", "unroll"):
-        (metrics, doubled) = steps.mean_over_tasks(fn, tasks, strategy)
+    for strategy, in_carry in [("vmap", True), ("map", True), ("map", False), ("unroll", True)]:
+        (metrics, doubled) = steps.mean_over_tasks(fn, tasks, strategy, in_carry=in_carry)
         assert float(metrics["sum"]) == pytest.approx(16.5)
         assert float(metrics["n"]) == pytest.approx(1.5)
         np.testing.assert_allclose(doubled, jnp.arange(12.0).reshape(4, 3).mean(0) * 2)
