@@ -21,7 +21,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from metalearn.algorithms.maml import maml
@@ -100,7 +99,7 @@ META_STEPS = [(True, 8, 5), (True, 8, 15), (False, 8, 5), (True, 32, 5), (False,
 def time_meta_steps(tasks) -> None:
     model = model_from_flax(conv4(5), (28, 28, 1), "classification")
     optimizer = optax.adam(1e-3)
-    arrays = {s: np.asarray(a["images"]) for s, a in tasks.splits.items()}
+    arrays = dict(tasks.splits)
     for first_order, meta_batch, queries in META_STEPS:
         learner = maml(model, inner_lr=0.4, num_steps=1, first_order=first_order)
         episodes = episode_distribution(arrays, ways=5, num_queries=queries, dataset="omniglot")

@@ -10,6 +10,7 @@ import pytest
 MODULES = [
     "metalearn.data.sources",
     "metalearn.data.fewshot_builder",
+    "metalearn.data.class_split",
     "metalearn.data.episodes",
     "metalearn.data.omniglot",
     "metalearn.data.miniimagenet",
