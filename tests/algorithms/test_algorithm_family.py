@@ -9,6 +9,7 @@ import numpy as np
 import optax
 import pytest
 
+import metalearn
 from metalearn.config import to_objects
 from metalearn.registry import ALGORITHMS
 from tests.algorithms.problems import (
@@ -21,7 +22,7 @@ from tests.algorithms.problems import (
 from tests.conftest import compose_config
 
 NAMES = ["maml", "fomaml", "reptile", "anil", "meta_sgd", "mamlpp", "imaml", "protonet"]
-CONF_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "conf", "algorithm")
+CONF_DIR = os.path.join(os.path.dirname(metalearn.__file__), "conf", "algorithm")
 
 
 def build(name, **overrides):
