@@ -16,7 +16,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from metalearn.config import check_writable, register_configs, to_objects
+from metalearn.config import check_writable, exit_on_renamed_keys, register_configs, to_objects
 from metalearn.runner.devices import initialize_distributed
 from metalearn.runner.loop import NonFiniteError, train_and_evaluate
 
@@ -54,4 +54,5 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    exit_on_renamed_keys(sys.argv[1:])
     main()
