@@ -25,10 +25,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from metalearn.train import CONF_DIR
 
+# Runnable experiments; base_*.yaml hold what several experiments share and are not run alone.
 EXPERIMENTS = sorted(
     f[: -len(".yaml")]
     for f in os.listdir(os.path.join(CONF_DIR, "experiment"))
-    if f.endswith(".yaml")
+    if f.endswith(".yaml") and not f.startswith("base_")
 )
 
 
