@@ -11,7 +11,10 @@ with integer labels ``0 .. ways-1``) and a model that declares an embedding (``M
 The number of ways is not passed in: prototypes are computed for every label below the
 support-set size (a static upper bound on the ways) and labels absent from the support set get
 logit ``-inf``, which leaves the softmax, the cross-entropy and the accuracy exactly those of
-the ``ways`` present classes."""
+the ``ways`` present classes. Padded episodes (a :class:`~metalearn.data.task.WeightedBatch`
+support and query, label ``-1`` and weight 0 for padding) work as they are: padding has no
+one-hot row, so it never enters a prototype, and the query loss and metrics are means over the
+real queries (:func:`~metalearn.data.task.supervised_loss_and_metrics`)."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from metalearn.algorithms.base import MetaLearner, split_top_level, with_config
-from metalearn.data.task import Aux, Objective, Task, classification_metrics, cross_entropy_loss
+from metalearn.data.task import Aux, Objective, Task, supervised_loss_and_metrics
 from metalearn.registry import ALGORITHMS
 
 
@@ -68,7 +71,7 @@ def prototypical_logits(
 
 
 def _check_classification(batch) -> None:
-    _, labels = batch
+    labels = batch[1]
     if not jnp.issubdtype(labels.dtype, jnp.integer) or labels.ndim != 1:
         raise ValueError(
             "algorithm=protonet needs a classification task family (integer class labels "
@@ -126,7 +129,7 @@ def protonet(
     def logits_and_state(params, task: Task, ctx, train=True):
         _check_classification(task.support)
         _check_classification(task.query)
-        (support_x, support_y), (query_x, _) = task.support, task.query
+        support_x, support_y, query_x = task.support[0], task.support[1], task.query[0]
         num_classes = support_y.shape[0]  # static upper bound on the ways
         support_embeddings, _ = model.embed(params, ctx.model_state, _key(ctx, 0), support_x, train)
         query_embeddings, state = model.embed(params, ctx.model_state, _key(ctx, 1), query_x, train)
@@ -134,27 +137,23 @@ def protonet(
         return logits, state
 
     def task_grad(params, task: Task, ctx):
-        _, labels = task.query
-
         def query_loss(p):
             logits, state = logits_and_state(p, task, ctx)
-            return cross_entropy_loss(logits, labels), Aux(
-                state, classification_metrics(logits, labels)
-            )
+            loss, metrics = supervised_loss_and_metrics("classification", logits, task.query)
+            return loss, Aux(state, metrics)
 
         (_, aux), grads = jax.value_and_grad(query_loss, has_aux=True)(params)
         return grads, aux
 
     def evaluate(params, task: Task, ctx, steps):
         logits, _ = logits_and_state(params, task, ctx, train=False)
-        _, labels = task.query
-        metrics = classification_metrics(logits, labels)
+        _, metrics = supervised_loss_and_metrics("classification", logits, task.query)
         return {k: jnp.broadcast_to(v, (len(tuple(steps)),)) for k, v in metrics.items()}
 
     def adapt_params(params, support, ctx, inner_steps=0):
         del inner_steps  # no inner loop
         _check_classification(support)
-        support_x, support_y = support
+        support_x, support_y = support[0], support[1]
         head, _ = split_top_level(params, tuple(model.head))
         entry = head[model.head[0]] if len(head) == 1 else None
         if entry is None or set(entry) != {"kernel", "bias"} or entry["kernel"].ndim != 2:

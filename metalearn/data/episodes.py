@@ -28,12 +28,14 @@ maximum ways and shots, and each half is a :class:`WeightedBatch` ``(inputs, lab
 (a tuple, so ``batch[0]`` / ``batch[1]`` still index inputs and labels):
 
 - ``weights`` float32 ``[examples]``: 1.0 for a real example, 0.0 for padding. The loss of an
-  episode is the weighted mean, ``sum(w * loss_i) / sum(w)``
-  (:func:`metalearn.models.weighted_losses.weighted_cross_entropy`, ``weighted_accuracy``).
+  episode is the weighted mean, ``sum(w * loss_i) / sum(w)``, as the supervised objective
+  computes it (:func:`metalearn.data.task.supervised_loss_and_metrics`, on
+  :mod:`metalearn.models.weighted_losses`).
 - ``labels`` of real examples are ``0..ways-1``; padding has label ``-1`` (so ``one_hot``-based
   code such as class prototypes ignores it). Padding inputs are real images (never NaN), so a
   model's forward pass on them is harmless; only the weights decide what counts.
-- The model's head has ``max_ways`` outputs (``num_outputs``); absent classes are never labels.
+- The model's head has ``max_ways`` outputs (``num_outputs``); absent classes are never labels,
+  and the supervised objective masks their logits to ``-inf``.
 - With a fixed number, ``ways_range=(5, 5)`` and ``shots=(1, 1)`` give all-ones weights.
 """
 
@@ -41,24 +43,15 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Mapping
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from metalearn.data.class_split import ClassSplit
-from metalearn.data.task import Task, TaskDistribution
+from metalearn.data.task import Task, TaskDistribution, WeightedBatch
 
 Shots = int | tuple[int, int]
-
-
-class WeightedBatch(NamedTuple):
-    """One half of a variable episode: inputs, labels (``-1`` for padding), weights (0/1)."""
-
-    inputs: jax.Array
-    labels: jax.Array
-    weights: jax.Array
 
 
 def random_subset(key: jax.Array, batch: tuple[int, ...], n: int, k: int) -> jax.Array:
@@ -228,6 +221,7 @@ def episode_distribution(
     num_queries: int,
     dataset: str,
     ways_range: tuple[int, int] | None = None,
+    shots_range: tuple[int, int] | None = None,
 ) -> TaskDistribution:
     """A classification :class:`TaskDistribution` over per-split :class:`ClassSplit` layouts
     (or dense uint8 ``[classes, examples, H, W, C]`` arrays, all classes of equal size).
@@ -236,6 +230,11 @@ def episode_distribution(
     on the default device and handed to ``sample(split, key, shots)``. ``shots`` is a static
     int, or an inclusive ``(lo, hi)`` range for variable shots; ``ways_range`` (default: fixed
     ``ways``) makes the ways variable, and ``num_outputs`` is then its maximum.
+    ``shots_range=(lo, hi)`` (the ``data.shots_range`` key) makes every episode's shots
+    variable; the ``shots`` the runner passes (``trainer.shots``, ``eval.shots``) must then be
+    ``hi``, the padded size the episodes are recorded under, and anything else is refused.
+    The supervised objective scores a padded episode over its real examples only
+    (:func:`metalearn.data.task.supervised_loss_and_metrics`).
 
     >>> arrays = {s: np.zeros((8, 20, 28, 28, 1), np.uint8) for s in ("train", "val", "test")}
     >>> tasks = episode_distribution(arrays, ways=5, num_queries=15, dataset="demo")
@@ -245,8 +244,17 @@ def episode_distribution(
     >>> task = tasks.sample(tasks.splits["val"], jax.random.key(0), (1, 5))
     >>> task.support.inputs.shape, task.support.weights.shape
     ((25, 28, 28, 1), (25,))
+    >>> tasks = episode_distribution(
+    ...     arrays, ways=5, num_queries=15, dataset="demo", ways_range=(2, 5), shots_range=(1, 3))
+    >>> task = tasks.sample(tasks.splits["val"], jax.random.key(0), 3)
+    >>> tasks.num_outputs, task.support.weights.shape, task.query.labels.shape
+    (5, (15,), (75,))
     """
     check_episode_settings(ways, num_queries, ways_range)
+    if shots_range is not None and not _is_range(shots_range, 1):
+        raise ValueError(
+            f"data.shots_range must be [lo, hi] with 1 <= lo <= hi, got {list(shots_range)}"
+        )
     missing = {"train", "val", "test"} - set(split_images)
     if missing:
         raise ValueError(f"{dataset}: no arrays for split(s) {sorted(missing)}")
@@ -270,6 +278,14 @@ def episode_distribution(
 
     def sample(split: ClassSplit, key: jax.Array, shots: Shots) -> Task:
         shots = _static_shots(shots)
+        if shots_range is not None:
+            if shots not in (shots_range[1], tuple(shots_range)):
+                raise ValueError(
+                    f"{dataset}: data.shots_range={list(shots_range)} pads every episode to "
+                    f"{shots_range[1]} shots; set trainer.shots and eval.shots to "
+                    f"{shots_range[1]} (got {shots})"
+                )
+            shots = tuple(shots_range)
         try:
             if isinstance(shots, int) and ways_range is None:
                 return sample_episode(split, key, ways=ways, shots=shots, num_queries=num_queries)

@@ -135,6 +135,8 @@ class OmniglotConfig:
     name: str = "omniglot"
     ways: int = 5
     num_queries: int = 15
+    ways_range: list[int] | None = None  # [lo, hi]: variable ways, padded to hi
+    shots_range: list[int] | None = None  # [lo, hi]: variable shots; trainer/eval shots = hi
     rotations: tuple[int, ...] = (0, 90, 180, 270)
     data_dir: str | None = None  # TFDS data dir; None: $TFDS_DATA_DIR or ~/tensorflow_datasets
     manual_dir: str | None = None  # holds images_background.zip, images_evaluation.zip
@@ -145,6 +147,8 @@ def omniglot(
     *,
     ways: int = 5,
     num_queries: int = 15,
+    ways_range: list[int] | None = None,
+    shots_range: list[int] | None = None,
     rotations: tuple[int, ...] = (0, 90, 180, 270),
     data_dir: str | None = None,
     manual_dir: str | None = None,
@@ -172,4 +176,11 @@ def omniglot(
         split: a.map_images(lambda images: 255 - images).rotated(rotations)
         for split, a in arrays.items()
     }
-    return episode_distribution(arrays, ways=ways, num_queries=num_queries, dataset="omniglot")
+    return episode_distribution(
+        arrays,
+        ways=ways,
+        num_queries=num_queries,
+        dataset="omniglot",
+        ways_range=ways_range,
+        shots_range=shots_range,
+    )

@@ -14,7 +14,11 @@ Following learned_optimization's TaskFamily / Task split:
   never ask whether a task is a regression or a classification.
 
 Supervised families say ``kind="regression"`` or ``kind="classification"`` and get
-:func:`supervised_objective`; any other family passes its own ``objective``.
+:func:`supervised_objective`; any other family passes its own ``objective``. A supervised batch
+is ``(inputs, targets)`` or a :class:`WeightedBatch` ``(inputs, targets, weights)`` (padded
+variable-way/variable-shot episodes): the loss and metrics are then means over the examples of
+weight 1, padding never counts, and a classifier's logits of classes absent from the batch are
+masked to ``-inf`` (:func:`supervised_loss_and_metrics`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import jax.numpy as jnp
 import optax
 
 from metalearn.models.base import Model
+from metalearn.models.weighted_losses import weighted_classification_metrics, weighted_mean
 
 PyTree = Any
 Batch = tuple[jax.Array, jax.Array]  # (inputs, targets)
@@ -38,6 +43,16 @@ class Task(NamedTuple):
 
     support: PyTree
     query: PyTree
+
+
+class WeightedBatch(NamedTuple):
+    """A padded supervised batch: inputs, targets (labels ``-1`` for padding), weights (1.0 for
+    a real example, 0.0 for padding). A tuple, so ``batch[0]`` / ``batch[1]`` are the inputs
+    and targets as for an ``(inputs, targets)`` batch."""
+
+    inputs: jax.Array
+    labels: jax.Array
+    weights: jax.Array
 
 
 class Aux(NamedTuple):
@@ -127,6 +142,45 @@ SUPERVISED = {
 }
 
 
+def mask_absent_classes(logits: jax.Array, labels: jax.Array, weights: jax.Array) -> jax.Array:
+    """``logits`` with the classes that no example of weight > 0 carries set to ``-inf`` (all
+    kept if none is present), so a head with ``max_ways`` outputs scores a smaller episode as
+    a classifier over its present classes.
+
+    >>> logits = jnp.zeros((3, 4))
+    >>> mask_absent_classes(logits, jnp.array([0, 2, -1]), jnp.array([1.0, 1.0, 0.0]))[0].tolist()
+    [0.0, -inf, 0.0, -inf]
+    """
+    real = jnp.where(weights > 0, labels, -1)
+    present = jax.nn.one_hot(real, logits.shape[-1], dtype=bool).any(axis=0)
+    present = present | ~present.any()
+    return jnp.where(present, logits, -jnp.inf)
+
+
+def supervised_loss_and_metrics(kind: str, outputs: jax.Array, batch) -> tuple[jax.Array, Metrics]:
+    """``(loss, metrics)`` of a supervised ``kind`` on ``batch``: plain means for
+    ``(inputs, targets)``, means over the real examples for a :class:`WeightedBatch`.
+
+    >>> logits = jnp.array([[2.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 9.0]])
+    >>> batch = WeightedBatch(None, jnp.array([0, 0, -1]), jnp.array([1.0, 1.0, 0.0]))
+    >>> loss, metrics = supervised_loss_and_metrics("classification", logits, batch)
+    >>> float(metrics["accuracy"]), round(float(loss), 4)  # classes 1, 2 absent: class 0 only
+    (1.0, 0.0)
+    """
+    output_loss, metrics_fn, _, _ = SUPERVISED[kind]
+    targets = batch[1]
+    if not isinstance(batch, WeightedBatch):
+        return output_loss(outputs, targets), metrics_fn(outputs, targets)
+    if kind == "classification":
+        metrics = weighted_classification_metrics(
+            mask_absent_classes(outputs, targets, batch.weights), targets, batch.weights
+        )
+        return metrics["loss"], metrics
+    per_example = jnp.mean((outputs - targets) ** 2, axis=tuple(range(1, outputs.ndim)))
+    mse = weighted_mean(per_example, batch.weights)
+    return mse, {"mse": mse}
+
+
 def supervised_objective(model: Model, kind: str) -> Objective:
     """Score ``model`` on ``(inputs, targets)`` batches: mean squared error (``"regression"``)
     or softmax cross-entropy with integer labels (``"classification"``).
@@ -144,19 +198,20 @@ def supervised_objective(model: Model, kind: str) -> Objective:
     """
     if kind not in SUPERVISED:
         raise ValueError(f"unknown task kind {kind!r}; expected one of {sorted(SUPERVISED)}")
-    output_loss, metrics, primary, maximize = SUPERVISED[kind]
+    _, _, primary, maximize = SUPERVISED[kind]
 
     def predict(params, model_state, key, batch, train=True):
         return model.apply(params, model_state, key, batch[0], train)
 
     def loss(params, model_state, key, batch, train=True):
         outputs, new_state = predict(params, model_state, key, batch, train)
-        return output_loss(outputs, batch[1]), Aux(new_state, metrics(outputs, batch[1]))
+        value, batch_metrics = supervised_loss_and_metrics(kind, outputs, batch)
+        return value, Aux(new_state, batch_metrics)
 
     def gn_predict(params, model_state, key, batch):
         return predict(params, model_state, key, batch)[0]
 
     def gn_loss(outputs, batch):
-        return output_loss(outputs, batch[1])
+        return supervised_loss_and_metrics(kind, outputs, batch)[0]
 
     return Objective(model, loss, primary, maximize, (gn_predict, gn_loss))
