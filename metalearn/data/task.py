@@ -183,7 +183,10 @@ def supervised_loss_and_metrics(kind: str, outputs: jax.Array, batch) -> tuple[j
 
 def supervised_objective(model: Model, kind: str) -> Objective:
     """Score ``model`` on ``(inputs, targets)`` batches: mean squared error (``"regression"``)
-    or softmax cross-entropy with integer labels (``"classification"``).
+    or softmax cross-entropy with integer labels (``"classification"``). On a
+    :class:`WeightedBatch` both are means over its real examples, with absent classes masked
+    (:func:`supervised_loss_and_metrics`), so every algorithm that scores data through the
+    objective ignores padding.
 
     >>> import jax, jax.numpy as jnp
     >>> from metalearn.models.base import model_from_flax
