@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
 import os
 import tempfile
 
@@ -56,15 +55,6 @@ def compose_config(overrides: list[str]) -> DictConfig:
             del cfg["hydra"]
         OmegaConf.resolve(cfg)
     return cfg
-
-
-def run_docstring_examples(fn, name: str, module) -> doctest.TestResults:
-    """Run the ``>>>`` examples of ``fn``'s docstring in ``module``'s namespace."""
-    tests = doctest.DocTestFinder().find(fn, name, module=module, globs=vars(module).copy())
-    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    for test in tests:
-        runner.run(test)
-    return runner.summarize(verbose=False)
 
 
 def restore_latest_state(run_dir, cfg=None):
