@@ -1,0 +1,193 @@
+"""Meta-gradient estimators for MAML-RL: surrogates whose gradient is the estimate.
+
+The objective is the expected return after adaptation, ``J(theta) = E_{tau ~ pi_theta}
+E_{tau' ~ pi_{U(theta, tau)}} [R(tau')]``, where ``U`` is the sampled inner update. Its gradient
+has two parts: the post-update policy gradient carried back through ``dU/dtheta``, and the
+dependence of the pre-update samples ``tau`` on ``theta`` (a score-function term).
+
+- ``"dice"`` (default): DiCE, Foerster et al. 2018, "DiCE: The Infinitely Differentiable Monte
+  Carlo Estimator", applied to the whole computation (pre-update sampling, inner update,
+  post-update sampling). Its gradient adds ``(R(tau') - b) grad log p_theta(tau)`` to the
+  post-update term: unbiased for ``grad J`` (the correction of E-MAML, Stadie et al. 2018).
+  ``b`` is the mean post-update return of the *other* tasks of the meta-batch (independent of
+  this task's samples, so the estimate stays unbiased).
+- ``"lvc"``: ProMP's low-variance curvature estimator, Rothfuss et al. 2019, "ProMP: Proximal
+  Meta-Policy Search": the inner step uses ``pi / stop(pi) * A``, whose Hessian carries the
+  per-step score outer products. Lower variance, biased (cross-time terms dropped).
+- ``"maml"``: the original MAML-RL estimator, Finn et al. 2017: differentiates through the
+  inner step of ``log pi * A`` only, ignoring how the pre-update samples depend on ``theta``.
+  Biased; kept to reproduce the paper.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from metalearn.rl.baseline import advantages, discounted_returns
+from metalearn.rl.envs.base import Env
+from metalearn.rl.inner import InnerConfig, adapt_from_batches, sample_adaptation
+from metalearn.rl.policy import gaussian_kl
+from metalearn.rl.rollout import PolicyApply, Trajectories, log_probs, rollouts
+
+ESTIMATORS = ("dice", "lvc", "maml")
+Params = Any
+
+
+class TaskBatch(NamedTuple):
+    """Everything one task's meta-gradient needs, sampled once with the current parameters.
+
+    ``pre``/``pre_adv``: one batch per inner step; ``pre_logp``: their summed log-probability
+    under the parameters that sampled them; ``post_*``: the post-update batch, its advantages,
+    log-probabilities and action distribution; ``post_return``: its mean discounted return;
+    ``pre_coeff``: the score coefficient ``R(tau') - b`` of the DiCE term (set by
+    :func:`with_pre_coefficients`).
+    """
+
+    pre: tuple[Trajectories, ...]
+    pre_adv: tuple[jax.Array, ...]
+    pre_logp: jax.Array
+    post: Trajectories
+    post_adv: jax.Array
+    post_logp: jax.Array
+    post_mean: jax.Array
+    post_log_std: jax.Array
+    post_return: jax.Array
+    pre_coeff: jax.Array
+
+
+def collect_task_batch(
+    env: Env,
+    policy_apply: PolicyApply,
+    params: Params,
+    key: jax.Array,
+    task: Any,
+    cfg: InnerConfig,
+    num_post_rollouts: int,
+) -> TaskBatch:
+    """Sample the inner loop and the post-update batch of one task (no gradient through it)."""
+    params = jax.lax.stop_gradient(params)
+    inner_key, post_key = jax.random.split(key)
+    pre, pre_adv, adapted = sample_adaptation(env, policy_apply, params, inner_key, task, cfg)
+    path = adapt_from_batches(policy_apply, params, pre, pre_adv, cfg.lrs)
+    pre_logp = _pre_log_prob(policy_apply, path, pre)
+    post = rollouts(env, policy_apply, adapted, post_key, task, num_post_rollouts)
+    post_adv = advantages(post, cfg.discount, baseline=cfg.baseline, normalize=False)
+    mean, log_std = policy_apply(adapted, post.obs)
+    post_return = jnp.mean(discounted_returns(post.rewards, post.mask, cfg.discount)[:, 0])
+    return TaskBatch(
+        pre=tuple(pre),
+        pre_adv=tuple(pre_adv),
+        pre_logp=pre_logp,
+        post=post,
+        post_adv=post_adv,
+        post_logp=log_probs(policy_apply, adapted, post),
+        post_mean=mean,
+        post_log_std=log_std,
+        post_return=post_return,
+        pre_coeff=post_return,
+    )
+
+
+def _pre_log_prob(
+    policy_apply: PolicyApply, path: list[Params], pre: list[Trajectories] | tuple
+) -> jax.Array:
+    """Summed log-probability of every pre-update batch under the parameters that sampled it."""
+    total = jnp.zeros(())
+    for params, traj in zip(path, pre, strict=False):
+        total = total + jnp.sum(log_probs(policy_apply, params, traj) * traj.mask)
+    return total
+
+
+def with_pre_coefficients(batch: TaskBatch, leave_one_out: bool = True) -> TaskBatch:
+    """Set each task's DiCE coefficient to its post return minus the other tasks' mean.
+
+    ``batch`` holds a meta-batch (leading task axis). With one task, or ``leave_one_out``
+    off, the coefficient is the post return itself.
+    """
+    returns = batch.post_return
+    num = returns.shape[0]
+    if leave_one_out and num > 1:
+        others = (jnp.sum(returns) - returns) / (num - 1)
+        return batch._replace(pre_coeff=returns - others)
+    return batch._replace(pre_coeff=returns)
+
+
+def adapted_params(
+    policy_apply: PolicyApply, params: Params, batch: TaskBatch, cfg: InnerConfig, estimator: str
+) -> list[Params]:
+    """``[theta_0, ..., theta_S]`` recomputed from ``params`` on the stored pre-update batches."""
+    lvc = estimator == "lvc"
+    return adapt_from_batches(policy_apply, params, batch.pre, batch.pre_adv, cfg.lrs, lvc=lvc)
+
+
+def post_ratio(policy_apply: PolicyApply, adapted: Params, batch: TaskBatch) -> jax.Array:
+    """Per-step likelihood ratio of the post-update actions, new over sampling policy."""
+    return jnp.exp(log_probs(policy_apply, adapted, batch.post) - batch.post_logp)
+
+
+def pre_term(
+    policy_apply: PolicyApply, path: list[Params], batch: TaskBatch, estimator: str
+) -> jax.Array:
+    """The DiCE score term, linearised at the sampling parameters (0 for other estimators)."""
+    if estimator != "dice":
+        return jnp.zeros(())
+    delta = _pre_log_prob(policy_apply, path, batch.pre) - batch.pre_logp
+    return delta * jax.lax.stop_gradient(batch.pre_coeff)
+
+
+def meta_surrogate(
+    policy_apply: PolicyApply,
+    params: Params,
+    batch: TaskBatch,
+    cfg: InnerConfig,
+    estimator: str = "dice",
+) -> jax.Array:
+    """One task's surrogate: its gradient at the sampling parameters is the meta-gradient.
+
+    Post-update term: mean over rollouts of ``sum_t ratio_t A_t`` (gradient of the expected
+    discounted return); plus the DiCE pre-update term when ``estimator == "dice"``.
+    """
+    path = adapted_params(policy_apply, params, batch, cfg, estimator)
+    ratio = post_ratio(policy_apply, path[-1], batch)
+    post = jnp.mean(jnp.sum(ratio * batch.post_adv * batch.post.mask, axis=-1))
+    return post + pre_term(policy_apply, path, batch, estimator)
+
+
+def post_kl(
+    policy_apply: PolicyApply,
+    params: Params,
+    batch: TaskBatch,
+    cfg: InnerConfig,
+    estimator: str = "dice",
+) -> jax.Array:
+    """Mean over valid post-update steps of ``KL(sampling policy || adapted from params)``."""
+    adapted = adapted_params(policy_apply, params, batch, cfg, estimator)[-1]
+    mean, log_std = policy_apply(adapted, batch.post.obs)
+    kl = gaussian_kl(batch.post_mean, batch.post_log_std, mean, log_std)
+    return jnp.sum(kl * batch.post.mask) / jnp.sum(batch.post.mask)
+
+
+def task_loss(
+    env: Env,
+    policy_apply: PolicyApply,
+    cfg: InnerConfig,
+    num_post_rollouts: int,
+    estimator: str = "dice",
+):
+    """A task's loss ``(params, model_state, key, task) -> (loss, aux)`` for a generic learner.
+
+    ``jax.grad`` of the loss is minus the meta-gradient estimate (the DiCE one by default;
+    one task, so the DiCE term has no baseline). ``aux`` holds the post-update return.
+    """
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+
+    def loss(params, model_state, key, task):
+        batch = collect_task_batch(env, policy_apply, params, key, task, cfg, num_post_rollouts)
+        surrogate = meta_surrogate(policy_apply, params, batch, cfg, estimator)
+        return -surrogate, (model_state, {"post_return": batch.post_return})
+
+    return loss
