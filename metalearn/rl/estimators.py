@@ -7,10 +7,12 @@ dependence of the pre-update samples ``tau`` on ``theta`` (a score-function term
 
 - ``"dice"`` (default): DiCE, Foerster et al. 2018, "DiCE: The Infinitely Differentiable Monte
   Carlo Estimator", applied to the whole computation (pre-update sampling, inner update,
-  post-update sampling). Its gradient adds ``(R(tau') - b) grad log p_theta(tau)`` to the
-  post-update term: unbiased for ``grad J`` (the correction of E-MAML, Stadie et al. 2018).
-  ``b`` is the mean post-update return of the *other* tasks of the meta-batch (independent of
-  this task's samples, so the estimate stays unbiased).
+  post-update sampling). Its gradient adds ``R(tau') grad log p_theta(tau)`` to the post-update
+  term: unbiased for ``grad J`` (the correction of E-MAML, Stadie et al. 2018). As a control
+  variate, each pre-update batch's own return ``R(tau)`` is subtracted from that coefficient and
+  its exact expectation, ``grad E[R(tau)]``, added back as a policy gradient on the same batch
+  (``sum_t gamma^t A_t grad log pi``): still unbiased (with the fitted baseline, as unbiased as
+  any policy gradient), and far less noisy since ``R(tau')`` and ``R(tau)`` share the task.
 - ``"lvc"``: ProMP's low-variance curvature estimator, Rothfuss et al. 2019, "ProMP: Proximal
   Meta-Policy Search": the inner step uses ``pi / stop(pi) * A``, whose Hessian carries the
   per-step score outer products. Lower variance, biased (cross-time terms dropped).
@@ -39,23 +41,23 @@ Params = Any
 class TaskBatch(NamedTuple):
     """Everything one task's meta-gradient needs, sampled once with the current parameters.
 
-    ``pre``/``pre_adv``: one batch per inner step; ``pre_logp``: their summed log-probability
-    under the parameters that sampled them; ``post_*``: the post-update batch, its advantages,
-    log-probabilities and action distribution; ``post_return``: its mean discounted return;
-    ``pre_coeff``: the score coefficient ``R(tau') - b`` of the DiCE term (set by
-    :func:`with_pre_coefficients`).
+    ``pre``/``pre_adv``: one batch per inner step and its inner-step advantages;
+    ``pre_logp``: per-step log-probabilities under the parameters that sampled each batch;
+    ``pre_weight``: the DiCE weight of each pre-update step, ``R(tau') - R(tau) + gamma^t A_t / N``
+    (see the module docstring); ``post_*``: the post-update batch, its advantages,
+    log-probabilities and action distribution; ``post_return``: its mean discounted return.
     """
 
     pre: tuple[Trajectories, ...]
     pre_adv: tuple[jax.Array, ...]
-    pre_logp: jax.Array
+    pre_logp: tuple[jax.Array, ...]
+    pre_weight: tuple[jax.Array, ...]
     post: Trajectories
     post_adv: jax.Array
     post_logp: jax.Array
     post_mean: jax.Array
     post_log_std: jax.Array
     post_return: jax.Array
-    pre_coeff: jax.Array
 
 
 def collect_task_batch(
@@ -72,47 +74,34 @@ def collect_task_batch(
     inner_key, post_key = jax.random.split(key)
     pre, pre_adv, adapted = sample_adaptation(env, policy_apply, params, inner_key, task, cfg)
     path = adapt_from_batches(policy_apply, params, pre, pre_adv, cfg.lrs)
-    pre_logp = _pre_log_prob(policy_apply, path, pre)
+    pre_logp = tuple(log_probs(policy_apply, p, t) for p, t in zip(path, pre, strict=False))
     post = rollouts(env, policy_apply, adapted, post_key, task, num_post_rollouts)
     post_adv = advantages(post, cfg.discount, baseline=cfg.baseline, normalize=False)
     mean, log_std = policy_apply(adapted, post.obs)
     post_return = jnp.mean(discounted_returns(post.rewards, post.mask, cfg.discount)[:, 0])
+    pre_weight = tuple(_dice_weight(t, post_return, cfg) for t in pre)
     return TaskBatch(
         pre=tuple(pre),
         pre_adv=tuple(pre_adv),
         pre_logp=pre_logp,
+        pre_weight=pre_weight,
         post=post,
         post_adv=post_adv,
         post_logp=log_probs(policy_apply, adapted, post),
         post_mean=mean,
         post_log_std=log_std,
         post_return=post_return,
-        pre_coeff=post_return,
     )
 
 
-def _pre_log_prob(
-    policy_apply: PolicyApply, path: list[Params], pre: list[Trajectories] | tuple
-) -> jax.Array:
-    """Summed log-probability of every pre-update batch under the parameters that sampled it."""
-    total = jnp.zeros(())
-    for params, traj in zip(path, pre, strict=False):
-        total = total + jnp.sum(log_probs(policy_apply, params, traj) * traj.mask)
-    return total
-
-
-def with_pre_coefficients(batch: TaskBatch, leave_one_out: bool = True) -> TaskBatch:
-    """Set each task's DiCE coefficient to its post return minus the other tasks' mean.
-
-    ``batch`` holds a meta-batch (leading task axis). With one task, or ``leave_one_out``
-    off, the coefficient is the post return itself.
-    """
-    returns = batch.post_return
-    num = returns.shape[0]
-    if leave_one_out and num > 1:
-        others = (jnp.sum(returns) - returns) / (num - 1)
-        return batch._replace(pre_coeff=returns - others)
-    return batch._replace(pre_coeff=returns)
+def _dice_weight(traj: Trajectories, post_return: jax.Array, cfg: InnerConfig) -> jax.Array:
+    """Per-step weight of ``log pi`` in the DiCE term: ``R(tau') - R(tau) + gamma^t A_t / N``."""
+    returns = discounted_returns(traj.rewards, traj.mask, cfg.discount)
+    own_return = jnp.mean(returns[:, 0])
+    adv = advantages(traj, cfg.discount, baseline=cfg.baseline, normalize=False)
+    discounting = cfg.discount ** jnp.arange(traj.rewards.shape[-1])
+    num = traj.rewards.shape[0]
+    return (post_return - own_return + discounting * adv / num) * traj.mask
 
 
 def adapted_params(
@@ -131,11 +120,17 @@ def post_ratio(policy_apply: PolicyApply, adapted: Params, batch: TaskBatch) -> 
 def pre_term(
     policy_apply: PolicyApply, path: list[Params], batch: TaskBatch, estimator: str
 ) -> jax.Array:
-    """The DiCE score term, linearised at the sampling parameters (0 for other estimators)."""
+    """The DiCE score term, linearised at the sampling parameters (0 for other estimators):
+    ``sum_s sum_{i,t} (log pi_{theta_s}(a) - log pi_old(a)) w_{s,i,t}``."""
+    total = jnp.zeros(())
     if estimator != "dice":
-        return jnp.zeros(())
-    delta = _pre_log_prob(policy_apply, path, batch.pre) - batch.pre_logp
-    return delta * jax.lax.stop_gradient(batch.pre_coeff)
+        return total
+    for params, traj, old, weight in zip(
+        path, batch.pre, batch.pre_logp, batch.pre_weight, strict=False
+    ):
+        delta = log_probs(policy_apply, params, traj) - old
+        total = total + jnp.sum(delta * jax.lax.stop_gradient(weight))
+    return total
 
 
 def meta_surrogate(
@@ -179,8 +174,8 @@ def task_loss(
 ):
     """A task's loss ``(params, model_state, key, task) -> (loss, aux)`` for a generic learner.
 
-    ``jax.grad`` of the loss is minus the meta-gradient estimate (the DiCE one by default;
-    one task, so the DiCE term has no baseline). ``aux`` holds the post-update return.
+    ``jax.grad`` of the loss is minus the meta-gradient estimate (the DiCE one by default).
+    ``aux`` holds the post-update return.
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")

@@ -22,7 +22,6 @@ from metalearn.rl.estimators import (
     collect_task_batch,
     meta_surrogate,
     post_kl,
-    with_pre_coefficients,
 )
 from metalearn.rl.inner import InnerConfig, sample_adaptation
 from metalearn.rl.ppo import PPOConfig, clipped_surrogate, ppo_epochs
@@ -88,7 +87,6 @@ def make_meta_iteration(
         tasks = env.sample_tasks(task_key, cfg.num_tasks)
         keys = jax.random.split(sample_key, cfg.num_tasks)
         batch = jax.vmap(collect, in_axes=(None, 0, 0))(state.params, keys, tasks)
-        batch = with_pre_coefficients(batch)
 
         def over_tasks(fn):
             return lambda p: jnp.mean(jax.vmap(lambda b: fn(p, b))(batch))

@@ -13,7 +13,6 @@ from metalearn.rl.estimators import (
     collect_task_batch,
     meta_surrogate,
     post_kl,
-    with_pre_coefficients,
 )
 from metalearn.rl.inner import InnerConfig
 from metalearn.rl.policy import gaussian_kl, init_policy, policy_apply
@@ -67,7 +66,7 @@ def _meta_batch(params, num_tasks=3):
     goals = sample_goals(jax.random.key(5), num_tasks)
     keys = jax.random.split(jax.random.key(6), num_tasks)
     collect = lambda k, g: collect_task_batch(NAV2D, policy_apply, params, k, g, INNER, 4)  # noqa: E731
-    return with_pre_coefficients(jax.vmap(collect)(keys, goals))
+    return jax.vmap(collect)(keys, goals)
 
 
 def test_meta_kl_hessian_is_the_post_update_fisher_pulled_back_through_the_inner_step():
