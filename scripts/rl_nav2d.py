@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tasks", type=int, default=20, help="meta-batch size")
     parser.add_argument("--rollouts", type=int, default=20, help="rollouts per task and step")
     parser.add_argument("--hidden", type=int, nargs="+", default=[100, 100])
-    parser.add_argument("--estimator", default="dice", choices=["dice", "lvc", "maml"])
+    parser.add_argument("--estimator", default="lvc", choices=["dice", "lvc", "maml"])
     parser.add_argument("--outer", default="trpo", choices=["trpo", "ppo"])
     parser.add_argument("--eval-goals", type=int, default=100)
     parser.add_argument("--eval-rollouts", type=int, default=40)

@@ -5,17 +5,19 @@ E_{tau' ~ pi_{U(theta, tau)}} [R(tau')]``, where ``U`` is the sampled inner upda
 has two parts: the post-update policy gradient carried back through ``dU/dtheta``, and the
 dependence of the pre-update samples ``tau`` on ``theta`` (a score-function term).
 
-- ``"dice"`` (default): DiCE, Foerster et al. 2018, "DiCE: The Infinitely Differentiable Monte
+- ``"dice"``: DiCE, Foerster et al. 2018, "DiCE: The Infinitely Differentiable Monte
   Carlo Estimator", applied to the whole computation (pre-update sampling, inner update,
   post-update sampling). Its gradient adds ``R(tau') grad log p_theta(tau)`` to the post-update
   term: unbiased for ``grad J`` (the correction of E-MAML, Stadie et al. 2018). As a control
   variate, each pre-update batch's own return ``R(tau)`` is subtracted from that coefficient and
   its exact expectation, ``grad E[R(tau)]``, added back as a policy gradient on the same batch
   (``sum_t gamma^t A_t grad log pi``): still unbiased (with the fitted baseline, as unbiased as
-  any policy gradient), and far less noisy since ``R(tau')`` and ``R(tau)`` share the task.
-- ``"lvc"``: ProMP's low-variance curvature estimator, Rothfuss et al. 2019, "ProMP: Proximal
-  Meta-Policy Search": the inner step uses ``pi / stop(pi) * A``, whose Hessian carries the
-  per-step score outer products. Lower variance, biased (cross-time terms dropped).
+  any policy gradient), and less noisy since ``R(tau')`` and ``R(tau)`` share the task. Still
+  too noisy to train 2D navigation at 20 rollouts per task (experiments/rl/README.md).
+- ``"lvc"`` (the meta-iteration's default): ProMP's low-variance curvature estimator,
+  Rothfuss et al. 2019, "ProMP: Proximal Meta-Policy Search": the inner step uses
+  ``pi / stop(pi) * A``, whose Hessian carries the per-step score outer products. Lower
+  variance, biased (cross-time terms dropped).
 - ``"maml"``: the original MAML-RL estimator, Finn et al. 2017: differentiates through the
   inner step of ``log pi * A`` only, ignoring how the pre-update samples depend on ``theta``.
   Biased; kept to reproduce the paper.
