@@ -178,6 +178,15 @@ def task_loss(
 
     ``jax.grad`` of the loss is minus the meta-gradient estimate (the DiCE one by default).
     ``aux`` holds the post-update return.
+
+    >>> from metalearn.rl.envs import NAV2D
+    >>> from metalearn.rl.policy import init_policy, policy_apply
+    >>> loss = task_loss(NAV2D, policy_apply, InnerConfig(num_rollouts=2), num_post_rollouts=2)
+    >>> params = init_policy(jax.random.key(0), 2, 2, hidden=(8,))
+    >>> grads, (_, aux) = jax.grad(loss, has_aux=True)(params, None, jax.random.key(1),
+    ...                                                jnp.array([0.3, -0.2]))
+    >>> grads["log_std"].shape, bool(aux["post_return"] < 0)
+    ((2,), True)
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")

@@ -59,6 +59,15 @@ def inner_surrogate(
     ProMP's low-variance curvature objective (Rothfuss et al. 2019, "ProMP: Proximal
     Meta-Policy Search"), adds the per-step score outer products ``grad log pi grad log pi^T A``
     that the plain form (MAML, Finn et al. 2017) leaves out.
+
+    >>> from metalearn.rl.rollout import Trajectories
+    >>> apply = lambda p, obs: (jnp.broadcast_to(p, obs.shape), jnp.zeros(obs.shape))
+    >>> traj = Trajectories(jnp.zeros((1, 2, 1)), jnp.ones((1, 2, 1)), jnp.zeros((1, 2)),
+    ...                     jnp.ones((1, 2)))
+    >>> adv = jnp.array([[1.0, 3.0]])        # d/dmu log N(1; mu, 1) = 1 - mu = 1 at mu = 0
+    >>> [float(jax.grad(lambda p: inner_surrogate(apply, p, traj, adv, lvc=lvc))(0.0))
+    ...  for lvc in (False, True)]
+    [2.0, 2.0]
     """
     logp = log_probs(policy_apply, params, traj)
     weight = jnp.exp(logp - jax.lax.stop_gradient(logp)) if lvc else logp

@@ -6,10 +6,10 @@ import doctest
 
 import pytest
 
-from metalearn.rl import baseline, maml_rl, policy, ppo, rollout, trpo
+from metalearn.rl import baseline, estimators, inner, maml_rl, policy, ppo, rollout, trpo
 from metalearn.rl.envs import nav2d
 
-MODULES = [baseline, maml_rl, nav2d, policy, ppo, rollout, trpo]
+MODULES = [baseline, estimators, inner, maml_rl, nav2d, policy, ppo, rollout, trpo]
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
