@@ -66,7 +66,7 @@ def block_mask(seeds: jax.Array, block_size: int) -> jax.Array:
     pad = block_size - 1
     dropped = lax.reduce_window(
         (seeds != 0).astype(jnp.float32),
-        0.0,
+        jnp.zeros((), jnp.float32),
         lax.max,
         (1, block_size, block_size, 1),
         (1, 1, 1, 1),

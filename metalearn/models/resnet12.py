@@ -78,6 +78,15 @@ def leaky_relu(x: jax.Array) -> jax.Array:
     return nn.leaky_relu(x, negative_slope=0.1)
 
 
+def ramped_rate(drop_rate: float, calls: jax.Array, ramp: int) -> jax.Array:
+    """MetaOptNet's linear DropBlock schedule: ``drop_rate * min(1, calls / ramp)``.
+
+    >>> round(float(ramped_rate(0.1, jnp.array(10_000.0), 40_000)), 6)
+    0.025
+    """
+    return drop_rate * jnp.minimum(1.0, calls / ramp)
+
+
 class ResNet12(nn.Module):
     """ResNet-12 with a dense ``head``; see the module docstring."""
 
@@ -111,6 +120,10 @@ class ResNet12(nn.Module):
         for name, module in layers.items():
             setattr(self, name, module)
         self.head = nn.Dense(self.num_outputs)
+        if self.dropblock_ramp > 0:
+            self.dropblock_calls = self.variable(
+                "batch_stats", "dropblock_calls", lambda: jnp.zeros((), jnp.float32)
+            )
 
     def _norm(self, name: str, x: jax.Array, train: bool) -> jax.Array:
         return getattr(self, name)(x, use_running_average=not train)
@@ -127,10 +140,10 @@ class ResNet12(nn.Module):
     def _dropblock_rate(self, train: bool) -> float | jax.Array:
         if self.dropblock_ramp <= 0:
             return self.drop_rate
-        calls = self.variable("batch_stats", "dropblock_calls", lambda: jnp.zeros((), jnp.float32))
+        calls = self.dropblock_calls
         if train and not self.is_initializing():
             calls.value = calls.value + 1.0
-        return self.drop_rate * jnp.minimum(1.0, calls.value / self.dropblock_ramp)
+        return ramped_rate(self.drop_rate, calls.value, self.dropblock_ramp)
 
     def embed(self, x: jax.Array, train: bool = False) -> jax.Array:
         """Features before the head, ``[batch, features]``, for NHWC inputs ``x``."""
