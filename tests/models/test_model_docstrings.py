@@ -6,10 +6,12 @@ import doctest
 
 import pytest
 
-from metalearn.models import conv4, patch_conv
+from metalearn.models import conv4, dropblock, patch_conv, resnet12
 
 
-@pytest.mark.parametrize("module", [conv4, patch_conv], ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+    "module", [conv4, dropblock, patch_conv, resnet12], ids=lambda m: m.__name__
+)
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
