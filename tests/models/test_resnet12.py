@@ -15,12 +15,18 @@ import optax
 import pytest
 
 from metalearn.config import to_objects
-from metalearn.models.resnet12 import ResNet12, resnet12
+from metalearn.models.base import model_from_flax
+from metalearn.models.resnet12 import NORM_NAMES, RESNET12_PARTS, ResNet12, ResNet12Config
+from metalearn.models.resnet12 import resnet12 as build_resnet12
 from metalearn.registry import MODELS
 from tests.conftest import compose_config
 
 TINY = (2, 3, 4, 5)  # widths of a tiny net: 16x16 inputs give maps 8, 4, 2, 1
 SMALL = (8, 8, 16, 16)
+
+
+def resnet12(num_outputs: int, **settings) -> ResNet12:
+    return build_resnet12(num_outputs, ResNet12Config(**settings))
 
 
 def count(tree) -> int:
@@ -109,8 +115,8 @@ def test_shapes_and_top_level_entries(readout, features):
     params = variables["params"]
     convs = [f"block{k}_{c}" for k in range(1, 5) for c in ("conv1", "conv2", "conv3")]
     convs += [f"block{k}_shortcut_conv" for k in range(1, 5)]
-    assert set(params) == {*convs, *ResNet12.NORMS, *ResNet12.HEAD}
-    assert set(variables["batch_stats"]) == set(ResNet12.NORMS)
+    assert set(params) == {*convs, *NORM_NAMES, "head"}
+    assert set(variables["batch_stats"]) == set(NORM_NAMES)
     assert all(set(params[c]) == {"kernel"} for c in convs)  # no conv biases
     assert params["block2_conv1"]["kernel"].shape == (3, 3, 8, 8)
     assert params["block4_shortcut_conv"]["kernel"].shape == (1, 1, 16, 16)
@@ -118,6 +124,12 @@ def test_shapes_and_top_level_entries(readout, features):
     assert evaluate(net, variables, x).shape == (2, 5)
     assert evaluate(net, variables, x, "embed").shape == (2, features)
     assert params["head"]["kernel"].shape == (features, 5)
+
+
+def test_the_declared_parts_find_the_norms_by_type():
+    model = model_from_flax(resnet12(5, filters=TINY), (16, 16, 3), RESNET12_PARTS)
+    assert model.norm_paths == {f"{n}/{p}" for n in NORM_NAMES for p in ("scale", "bias")}
+    assert model.head == ("head",) and model.embed is not None and model.is_convolutional
 
 
 def test_parameter_count_is_metaoptnets():
@@ -144,7 +156,7 @@ def test_a_train_call_updates_the_running_statistics_with_momentum_0_1():
     stats = state["batch_stats"]["block1_norm1"]
     np.testing.assert_allclose(stats["mean"], 0.1 * conv1.mean((0, 1, 2)), rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(stats["var"], 0.9 + 0.1 * conv1.var((0, 1, 2)), rtol=1e-4)
-    for name in ResNet12.NORMS:
+    for name in NORM_NAMES:
         before, after = variables["batch_stats"][name], state["batch_stats"][name]
         assert not np.allclose(before["mean"], after["mean"]), name
 
