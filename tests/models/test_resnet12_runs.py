@@ -36,10 +36,12 @@ NARROW = "model.filters=[4,4,8,8]"
 
 
 def overrides(algorithm: str, data_dir: str, *extra: str) -> list[str]:
-    out = [
-        "+experiment=miniimagenet_5w1s",
+    if algorithm == "protonet":  # no inner loop: the ProtoNet experiment, on miniImageNet
+        out = ["+experiment=omniglot_5w1s_protonet", "data=miniimagenet"]
+    else:
+        out = ["+experiment=miniimagenet_5w1s", f"algorithm={algorithm}"]
+    out += [
         "+debug=tiny",
-        f"algorithm={algorithm}",
         "model=resnet12",
         NARROW,
         "trainer.meta_batch_size=1",
