@@ -36,7 +36,18 @@ def test_tiny_run_writes_every_output(tmp_path):
         (s, k) for s in (5, 10, 20) for k in (0, 1)
     }
     for r in records:
-        assert set(r) == {"metric", "shots", "steps", "mean", "ci95", "tasks", "nonfinite"}
+        assert set(r) == {
+            "metric",
+            "shots",
+            "steps",
+            "mean",
+            "ci95",
+            "median",
+            "median_ci95",
+            "tasks",
+            "nonfinite",
+            "diverged",
+        }
         assert r["metric"] == "mse" and r["tasks"] == 4
     assert os.listdir(tmp_path / "tensorboard")
     assert CheckpointStore(str(tmp_path / "checkpoints"), 2).latest_step() == 4
