@@ -1,10 +1,13 @@
 """Sharpness of the sinusoid support loss along meta-training, against 2/alpha.
 
-    python scripts/sinusoid_curvature.py RUN_DIR --every 10000 --out curv.json [key=value ...]
+    PYTHONPATH=. python scripts/sinusoid_curvature.py RUN_DIR --every 10000 --out curv.json \
+        [--from-checkpoints] [key=value ...]
 
-Re-trains the run in RUN_DIR (its ``config.yaml``, with any overrides such as ``seed=1`` or
-``model.kernel_init=truncated_normal``) exactly as the runner does, in a temporary directory,
-and at step 0 and every ``--every`` steps evaluates ``--tasks`` fixed validation tasks with
+With ``--from-checkpoints``, reads the meta-parameters saved in RUN_DIR/checkpoints at every
+``--every`` steps (train with ``trainer.keep_checkpoints`` large enough to keep them all);
+otherwise re-trains the run (its ``config.yaml``, with any overrides such as ``seed=1`` or
+``model.kernel_init=truncated_normal``) exactly as the runner does, in a temporary directory.
+At step 0 and every ``--every`` steps it evaluates ``--tasks`` fixed validation tasks with
 ``--shots`` support points:
 
 - ``lam0``: the top Hessian eigenvalue of the support loss at the meta-learned parameters
@@ -87,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inner-steps", type=int, default=10)
     parser.add_argument("--lanczos-iters", type=int, default=30)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--from-checkpoints", action="store_true")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = parser.parse_intermixed_args(argv)
     config_path = os.path.join(args.run_dir, "config.yaml")
@@ -103,14 +107,16 @@ def main(argv: list[str] | None = None) -> int:
         )
     alpha = float(cfg.algorithm.inner_lr)
     rows = []
-    with tempfile.TemporaryDirectory() as workdir:
-        runner = Runner(cfg, workdir)
+    with tempfile.TemporaryDirectory() as scratch:
+        runner = Runner(cfg, args.run_dir if args.from_checkpoints else scratch)
         probe = make_probe(runner.exp.model, alpha, args.inner_steps, args.lanczos_iters)
         keys = evaluation_keys(cfg.eval.seed, "val", args.shots, args.tasks)
         tasks = sample_tasks_from_keys(runner.exp.tasks, runner.splits["val"], keys, args.shots)
         probe_key = jax.random.key(cfg.eval.seed)
         state = runner.initial_state
         for step in range(0, cfg.trainer.num_steps + 1, args.every):
+            if args.from_checkpoints and step:
+                state, _ = runner.checkpoints.restore(runner.initial_state, step)
             while int(state.step) < step:
                 state, _ = runner.train_call(state, cfg.trainer.steps_per_call)
             # MAML's meta-parameters are the model's initial parameters themselves.
