@@ -12,6 +12,7 @@ At step 0 and every ``--every`` steps it evaluates ``--tasks`` fixed validation 
 
 - ``lam0``: the top Hessian eigenvalue of the support loss at the meta-learned parameters
   (``metalearn.top_hessian_eigenvalue``: Lanczos on Hessian-vector products);
+- ``lam1``: the same after one inner step (where MAML's training objective stops looking);
 - ``lam_traj``: the largest top eigenvalue met along the ``--inner-steps`` SGD steps of
   adaptation at the run's inner rate alpha;
 - the share of tasks where each exceeds 2/alpha, the step size's stability threshold for
@@ -57,7 +58,13 @@ def make_probe(model, inner_lr: float, inner_steps: int, lanczos_iters: int):
             lambda p: top_hessian_eigenvalue(support_loss, p, key, num_iters=lanczos_iters)
         )(trajectory)
         query = jax.vmap(lambda p: model.loss_fn(p, task.query))(trajectory)
-        return {"lam0": lams[0], "lam_traj": jnp.max(lams), "before": query[0], "after": query[-1]}
+        return {
+            "lam0": lams[0],
+            "lam1": lams[1],
+            "lam_traj": jnp.max(lams),
+            "before": query[0],
+            "after": query[-1],
+        }
 
     def probe(params, tasks, key):
         keys = jax.random.split(key, tasks.support[0].shape[0])
@@ -70,7 +77,7 @@ def summarize_probe(step: int, out: dict, threshold: float) -> dict:
     out = {k: np.asarray(v, np.float64) for k, v in out.items()}
     after = summarize(out["after"], out["before"])
     row = {"step": step, "two_over_alpha": threshold, "tasks": int(out["after"].size)}
-    for name in ("lam0", "lam_traj"):
+    for name in ("lam0", "lam1", "lam_traj"):
         lam = out[name]
         row[f"{name}_median"] = float(np.nanmedian(lam))
         row[f"{name}_p90"] = float(np.nanpercentile(lam, 90))
