@@ -2,10 +2,10 @@
 
     python scripts/plot_curvature.py A.json B.json ... --labels a b ... --out curvature.png
 
-Left: the median (solid) and 90th percentile (dashed) over tasks of the top Hessian eigenvalue
-of the support loss at the meta-parameters, in units of 2 / alpha (above 1: plain gradient
-descent at alpha is unstable along that direction). Right: the share of tasks that diverged
-after the inner steps.
+Left and middle: the median (solid) and 90th percentile (dashed) over tasks of the top Hessian
+eigenvalue of the support loss at the meta-parameters and after one inner step, in units of
+2 / alpha (above 1: plain gradient descent at alpha is unstable along that direction). Right:
+the share of tasks that diverged after the inner steps.
 """
 
 from __future__ import annotations
@@ -21,27 +21,30 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def plot(paths: list[str], labels: list[str], out: str) -> None:
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for path, label in zip(paths, labels, strict=True):
         with open(path) as f:
             rows = json.load(f)["rows"]
         steps = [r["step"] for r in rows]
-        scale = [r["two_over_alpha"] for r in rows]
-        (line,) = left.plot(
-            steps, [r["lam0_median"] / s for r, s in zip(rows, scale, strict=True)], label=label
+        color = None
+        for ax, name in zip(axes[:2], ("lam0", "lam1"), strict=True):
+            if f"{name}_median" not in rows[0]:
+                continue
+            median = [r[f"{name}_median"] / r["two_over_alpha"] for r in rows]
+            p90 = [r[f"{name}_p90"] / r["two_over_alpha"] for r in rows]
+            (line,) = ax.plot(steps, median, label=label, color=color)
+            color = line.get_color()
+            ax.plot(steps, p90, "--", color=color)
+        axes[2].plot(
+            steps, [100 * r["diverged"] / r["tasks"] for r in rows], "o-", label=label, color=color
         )
-        left.plot(
-            steps,
-            [r["lam0_p90"] / s for r, s in zip(rows, scale, strict=True)],
-            "--",
-            color=line.get_color(),
-        )
-        right.plot(steps, [100 * r["diverged"] / r["tasks"] for r in rows], "o-", label=label)
-    left.axhline(1.0, color="k", lw=0.8)
-    left.set(xlabel="meta-step", ylabel="top eigenvalue / (2 / alpha)", title="sharpness")
-    right.set(xlabel="meta-step", ylabel="% of tasks diverged after 10 steps", title="divergence")
-    left.legend(fontsize=8)
-    right.legend(fontsize=8)
+    titles = ("at the meta-learned parameters", "after one inner step")
+    for ax, title in zip(axes[:2], titles, strict=True):
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set(xlabel="meta-step", ylabel="top eigenvalue / (2 / alpha)", title=title)
+        ax.legend(fontsize=8)
+    axes[2].set(xlabel="meta-step", ylabel="% of tasks diverged after 10 steps", title="divergence")
+    axes[2].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 
