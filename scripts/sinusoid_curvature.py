@@ -38,26 +38,41 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from metalearn import adapt_trajectory, top_hessian_eigenvalue
+from metalearn.algorithms.base import context, inner_loss, query_loss
 from metalearn.config import to_objects
 from metalearn.runner.evaluation import evaluation_keys, summarize
 from metalearn.runner.loop import Runner
-from metalearn.runner.steps import sample_tasks_from_keys
+from metalearn.runner.steps import sample_tasks_from_keys, trained
 
 
-def make_probe(model, inner_lr: float, inner_steps: int, lanczos_iters: int):
-    """Jitted ``(params, tasks, key) -> per-task arrays`` of eigenvalues and losses."""
+def make_probe(objective, inner_lr: float, inner_steps: int, lanczos_iters: int):
+    """Jitted ``(trained, tasks, key) -> per-task arrays`` of eigenvalues and losses.
 
-    def one_task(params, task, key):
+    The support loss is the one MAML adapts on (:func:`metalearn.algorithms.base.inner_loss`),
+    the query loss the one it evaluates (``objective.loss`` in evaluation mode); the loss is
+    the objective's, whatever its name.
+    """
+
+    def one_task(trained, task, key):
+        ctx = context(trained.model_state, key)
+        support_loss_fn = inner_loss(objective, ctx)
+
         def support_loss(p):
-            return model.loss_fn(p, task.support)
+            return support_loss_fn(p, task.support)
 
         trajectory = adapt_trajectory(
-            model.loss_fn, params, task.support, inner_lr=inner_lr, num_steps=inner_steps
+            support_loss_fn,
+            trained.meta_params,
+            task.support,
+            inner_lr=inner_lr,
+            num_steps=inner_steps,
         )
         lams = jax.vmap(
             lambda p: top_hessian_eigenvalue(support_loss, p, key, num_iters=lanczos_iters)
         )(trajectory)
-        query = jax.vmap(lambda p: model.loss_fn(p, task.query))(trajectory)
+        query = jax.vmap(lambda p: query_loss(objective, p, ctx, task.query, train=False)[0])(
+            trajectory
+        )
         return {
             "lam0": lams[0],
             "lam1": lams[1],
@@ -66,9 +81,9 @@ def make_probe(model, inner_lr: float, inner_steps: int, lanczos_iters: int):
             "after": query[-1],
         }
 
-    def probe(params, tasks, key):
-        keys = jax.random.split(key, tasks.support[0].shape[0])
-        return jax.vmap(one_task, in_axes=(None, 0, 0))(params, tasks, keys)
+    def probe(trained, tasks, key):
+        keys = jax.random.split(key, jax.tree_util.tree_leaves(tasks.support)[0].shape[0])
+        return jax.vmap(one_task, in_axes=(None, 0, 0))(trained, tasks, keys)
 
     return jax.jit(probe)
 
@@ -116,18 +131,18 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         runner = Runner(cfg, args.run_dir if args.from_checkpoints else scratch)
-        probe = make_probe(runner.exp.model, alpha, args.inner_steps, args.lanczos_iters)
+        probe = make_probe(runner.exp.objective, alpha, args.inner_steps, args.lanczos_iters)
         keys = evaluation_keys(cfg.eval.seed, "val", args.shots, args.tasks)
         tasks = sample_tasks_from_keys(runner.exp.tasks, runner.splits["val"], keys, args.shots)
         probe_key = jax.random.key(cfg.eval.seed)
         state = runner.initial_state
-        for step in range(0, cfg.trainer.num_steps + 1, args.every):
+        for step in range(0, cfg.trainer.meta_steps + 1, args.every):
             if args.from_checkpoints and step:
                 state, _ = runner.checkpoints.restore(runner.initial_state, step)
             while int(state.step) < step:
                 state, _ = runner.train_call(state, cfg.trainer.steps_per_call)
             # MAML's meta-parameters are the model's initial parameters themselves.
-            row = summarize_probe(step, probe(state.meta_params, tasks, probe_key), 2.0 / alpha)
+            row = summarize_probe(step, probe(trained(state), tasks, probe_key), 2.0 / alpha)
             rows.append(row)
             print(json.dumps(row), flush=True)
         runner.close()

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 import flax.linen as nn
 import jax
 
+from metalearn.models.base import ModelParts
 from metalearn.registry import MODELS
 
 ACTIVATIONS = {"relu": nn.relu, "tanh": nn.tanh, "gelu": nn.gelu}
@@ -71,26 +72,27 @@ class MLPConfig:
     kernel_std: float = 0.01
 
 
-@MODELS.register("mlp", MLPConfig)
-def mlp(
-    num_outputs: int,
-    *,
-    hidden_sizes=(40, 40),
-    activation="relu",
-    kernel_init="lecun_normal",
-    kernel_std=0.01,
-) -> MLP:
-    if activation not in ACTIVATIONS:
+@MODELS.register("mlp", MLPConfig, parts=ModelParts(head="head", embed="embed"))
+def mlp(num_outputs: int, config: MLPConfig | None = None) -> MLP:
+    """The MLP ``config`` describes (default :class:`MLPConfig`), with ``num_outputs`` outputs.
+
+    >>> mlp(1).hidden_sizes
+    (40, 40)
+    >>> mlp(1, MLPConfig(kernel_init="truncated_normal")).kernel_init
+    'truncated_normal'
+    """
+    c = config or MLPConfig()
+    if c.activation not in ACTIVATIONS:
         raise ValueError(
-            f"model.activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}"
+            f"model.activation must be one of {sorted(ACTIVATIONS)}, got {c.activation!r}"
         )
-    if not hidden_sizes or any(int(w) < 1 for w in hidden_sizes):
-        raise ValueError(f"model.hidden_sizes must be positive widths, got {list(hidden_sizes)}")
-    if kernel_init not in KERNEL_INITS:
+    if not c.hidden_sizes or any(int(w) < 1 for w in c.hidden_sizes):
+        raise ValueError(f"model.hidden_sizes must be positive widths, got {list(c.hidden_sizes)}")
+    if c.kernel_init not in KERNEL_INITS:
         raise ValueError(
-            f"model.kernel_init must be one of {list(KERNEL_INITS)}, got {kernel_init!r}"
+            f"model.kernel_init must be one of {list(KERNEL_INITS)}, got {c.kernel_init!r}"
         )
-    if not kernel_std > 0:
-        raise ValueError(f"model.kernel_std must be > 0, got {kernel_std}")
-    widths = tuple(int(w) for w in hidden_sizes)
-    return MLP(widths, num_outputs, activation, kernel_init, float(kernel_std))
+    if not c.kernel_std > 0:
+        raise ValueError(f"model.kernel_std must be > 0, got {c.kernel_std}")
+    widths = tuple(int(w) for w in c.hidden_sizes)
+    return MLP(widths, num_outputs, c.activation, c.kernel_init, float(c.kernel_std))

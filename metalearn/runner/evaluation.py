@@ -33,12 +33,12 @@ def mean_and_ci95(values: Sequence[float] | np.ndarray) -> tuple[float, float]:
     return float(values.mean()), float(1.96 * values.std(ddof=1) / math.sqrt(values.size))
 
 
-# A task has diverged when its value is not finite or, for a loss (lower is better), when it
-# exceeds DIVERGENCE_FACTOR times the larger of its own loss before adaptation (0 inner steps)
-# and the median over tasks of that loss (so a nearly flat task, a sinusoid of amplitude 0.1,
-# whose loss goes from 0.01 to 0.3, is not called diverged).
+# A task has diverged when its value is not finite or, for the objective's primary metric when
+# the objective minimises it (a loss, whatever its name), when it exceeds DIVERGENCE_FACTOR times
+# the larger of its own loss before adaptation (0 inner steps) and the median over tasks of that
+# loss (so a nearly flat task, a sinusoid of amplitude 0.1, whose loss goes from 0.01 to 0.3, is
+# not called diverged).
 DIVERGENCE_FACTOR = 10.0
-LOWER_IS_BETTER = {"mse", "loss"}
 
 
 def median_and_ci95(values: np.ndarray) -> tuple[float, float, float]:
@@ -122,13 +122,19 @@ def evaluate_split(
     num_tasks: int,
     tasks_per_call: int,
     ways: int | None,
+    objective: Any,
 ) -> list[dict]:
     """Evaluate on ``num_tasks`` fixed tasks per shot count; one record per (metric, shots, steps).
 
     Records look like ``{"metric": "mse", "shots": 5, "steps": 10, "mean": ..., "ci95": ...,
     "median": ..., "median_ci95": [lo, hi], "nonfinite": 0, "diverged": 0, "tasks": 600}``
-    (see :func:`summarize`), with ``"ways"`` added for classification.
+    (see :func:`summarize`), with ``"ways"`` added when ``ways`` is given. ``objective`` (any
+    object with ``primary_metric`` and ``maximize``, e.g. :class:`metalearn.data.task.Objective`)
+    says which metric is a loss: its primary metric when it is minimised. That metric's column
+    at 0 steps (when ``steps`` has 0) is the loss before adaptation that finite blow-ups are
+    measured against; for every other metric only non-finite tasks count as diverged.
     """
+    loss_metric = None if objective.maximize else objective.primary_metric
     records = []
     for shots in shots_list:
         keys = evaluation_keys(seed, split, shots, num_tasks)
@@ -147,14 +153,15 @@ def evaluate_split(
             for name in chunks[0]
         }
         for name, values in sorted(per_task.items()):
-            before = values[:, list(steps).index(0)] if 0 in steps else None
+            before = None
+            if name == loss_metric and 0 in steps:
+                before = values[:, list(steps).index(0)]
+            maximized = name == objective.primary_metric and objective.maximize
             for column, num_steps in enumerate(steps):
                 record = {"metric": name, "shots": int(shots), "steps": int(num_steps)}
                 if ways is not None:
                     record["ways"] = int(ways)
-                summary = summarize(
-                    values[:, column], before, lower_is_better=name in LOWER_IS_BETTER
-                )
+                summary = summarize(values[:, column], before, lower_is_better=not maximized)
                 record.update(summary, tasks=int(num_tasks))
                 if record["diverged"]:
                     log.warning(
@@ -172,19 +179,16 @@ def evaluate_split(
     return records
 
 
-def primary_metric(kind: str) -> tuple[str, str]:
-    """The metric that selects the best parameters on validation, and 'min' or 'max'."""
-    return ("mse", "min") if kind == "regression" else ("accuracy", "max")
-
-
-def selection_score(records: list[dict], kind: str, shots: int) -> float:
-    """The primary metric at the training shot count and the most inner steps evaluated."""
-    metric, mode = primary_metric(kind)
+def selection_score(records: list[dict], objective: Any, shots: int) -> float:
+    """The objective's primary metric at the training shot count and the most inner steps
+    evaluated, signed so that higher is better (``objective``: any object with
+    ``primary_metric`` and ``maximize``, e.g. :class:`metalearn.data.task.Objective`)."""
+    metric = objective.primary_metric
     candidates = [r for r in records if r["metric"] == metric]
     chosen = max(candidates, key=lambda r: (r["shots"] == shots, r["steps"]))
     if chosen["mean"] is None or chosen["nonfinite"]:
         return -math.inf  # a diverging model is never the best
-    return chosen["mean"] if mode == "max" else -chosen["mean"]
+    return chosen["mean"] if objective.maximize else -chosen["mean"]
 
 
 def format_record(record: dict) -> str:

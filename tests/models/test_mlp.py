@@ -5,13 +5,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from metalearn.models.mlp import mlp
+from metalearn.models.mlp import MLPConfig, mlp
 
 
 def init(**kwargs):
-    return mlp(1, hidden_sizes=(40, 40), **kwargs).init(jax.random.key(0), jnp.zeros((1, 1)))[
-        "params"
-    ]
+    return mlp(1, MLPConfig(hidden_sizes=(40, 40), **kwargs)).init(
+        jax.random.key(0), jnp.zeros((1, 1))
+    )["params"]
 
 
 def test_reference_init_is_a_normal_of_std_001_cut_at_two_std_with_zero_biases():
@@ -38,6 +38,6 @@ def test_default_init_is_flax_lecun_normal():
 
 def test_bad_init_settings_are_refused():
     with pytest.raises(ValueError, match="model.kernel_init must be one of"):
-        mlp(1, kernel_init="xavier")
+        mlp(1, MLPConfig(kernel_init="xavier"))
     with pytest.raises(ValueError, match="model.kernel_std must be > 0"):
-        mlp(1, kernel_init="truncated_normal", kernel_std=0.0)
+        mlp(1, MLPConfig(kernel_init="truncated_normal", kernel_std=0.0))

@@ -1,6 +1,7 @@
 """Evaluation statistics on cases with known answers; fixed, disjoint evaluation tasks."""
 
 import math
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +17,9 @@ from metalearn.runner.evaluation import (
     selection_score,
     summarize,
 )
+
+REGRESSION = SimpleNamespace(primary_metric="mse", maximize=False)
+CLASSIFICATION = SimpleNamespace(primary_metric="accuracy", maximize=True)
 
 
 def test_mean_and_ci95_known_answer():
@@ -112,6 +116,7 @@ def test_evaluate_split_records_equal_a_direct_computation():
         num_tasks=25,
         tasks_per_call=10,
         ways=None,
+        objective=REGRESSION,
     )
     assert [(r["shots"], r["steps"]) for r in records] == [(5, 0), (5, 3), (10, 0), (10, 3)]
     for r in records:
@@ -136,6 +141,7 @@ def test_evaluate_split_records_equal_a_direct_computation():
         num_tasks=4,
         tasks_per_call=4,
         ways=5,
+        objective=REGRESSION,
     )
     assert all(r["ways"] == 5 for r in with_ways)
 
@@ -156,31 +162,39 @@ def test_selection_prefers_lower_mse_and_never_a_diverged_model():
     def recs(mean, nonfinite=0):
         return [{"metric": "mse", "shots": 10, "steps": 10, "mean": mean, "nonfinite": nonfinite}]
 
-    assert selection_score(recs(0.2), "regression", 10) > selection_score(
-        recs(0.3), "regression", 10
-    )
-    assert selection_score(recs(0.1, nonfinite=1), "regression", 10) == -math.inf
+    assert selection_score(recs(0.2), REGRESSION, 10) > selection_score(recs(0.3), REGRESSION, 10)
+    assert selection_score(recs(0.1, nonfinite=1), REGRESSION, 10) == -math.inf
     acc = [{"metric": "accuracy", "shots": 1, "steps": 10, "mean": 0.9, "nonfinite": 0}]
-    assert selection_score(acc, "classification", 1) == 0.9
+    assert selection_score(acc, CLASSIFICATION, 1) == 0.9
 
 
 def test_evaluate_split_counts_a_finite_blow_up_against_the_step_zero_column():
+    # The objective's loss is called "nll" here: the rule follows the objective, not a name.
     def blowing_up(meta_params, split_arrays, keys, shots):
         before = jnp.full(keys.shape[0], 3.0)
         after = jnp.full(keys.shape[0], 0.2).at[0].set(1e20)  # the first task blows up
-        return {"mse": jnp.stack([before, after], axis=1)}
+        return {"nll": jnp.stack([before, after], axis=1), "other": jnp.stack([before, after], 1)}
 
-    records = evaluate_split(
-        blowing_up,
-        None,
-        None,
-        split="test",
-        seed=0,
-        shots_list=[5],
-        steps=[0, 10],
-        num_tasks=6,
-        tasks_per_call=6,
-        ways=None,
-    )
-    assert [(r["steps"], r["nonfinite"], r["diverged"]) for r in records] == [(0, 0, 0), (10, 0, 1)]
+    def run(objective):
+        return evaluate_split(
+            blowing_up,
+            None,
+            None,
+            split="test",
+            seed=0,
+            shots_list=[5],
+            steps=[0, 10],
+            num_tasks=6,
+            tasks_per_call=6,
+            ways=None,
+            objective=objective,
+        )
+
+    records = run(SimpleNamespace(primary_metric="nll", maximize=False))
+    got = [(r["metric"], r["steps"], r["nonfinite"], r["diverged"]) for r in records]
+    # Only the objective's loss is measured against its loss before adaptation.
+    assert got == [("nll", 0, 0, 0), ("nll", 10, 0, 1), ("other", 0, 0, 0), ("other", 10, 0, 0)]
     assert records[1]["median"] == pytest.approx(0.2)
+    # An objective that maximises its primary metric declares no loss: only non-finite counts.
+    maximized = run(SimpleNamespace(primary_metric="nll", maximize=True))
+    assert all(r["diverged"] == 0 for r in maximized)
