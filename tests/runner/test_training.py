@@ -204,6 +204,8 @@ def test_multirun_sweep_and_gather(tmp_path):
     assert "algorithm.inner_lr" in table.stdout and "seed" in table.stdout
     rows = (tmp_path / "t.csv").read_text().splitlines()
     assert len(rows) == 1 + 4 * 6  # header, then 4 runs x 3 shots x 2 step counts
+    header = rows[0].split(",")
+    assert {"median", "diverged"} <= set(header) and "median_ci95" not in header
 
 
 def test_no_host_to_device_copy_per_meta_step(tmp_path):
