@@ -52,6 +52,8 @@ class TrainerConfig:
     checkpoint_every: int = 10_000
     keep_checkpoints: int = 2
     resume: bool = True  # continue from the latest checkpoint in the run directory
+    # Keys (or sections) a resumed run may change from the stored config, e.g. [trainer.num_steps]
+    allow_changes: list[str] = dataclasses.field(default_factory=list)
     shard_tasks: bool = True  # with several devices, split each meta-batch's tasks across them
     progress_bar: str = "auto"  # auto (a TTY gets a bar) | bar | lines
 

@@ -1,8 +1,10 @@
 """Evaluate a saved checkpoint on its own: ``python -m metalearn.evaluate RUN_DIR``.
 
 Reads ``RUN_DIR/config.yaml``, restores the best-on-validation parameters (or the latest
-checkpoint with ``--which latest``), evaluates on the test split and writes the records, in the
-``eval.json`` format, to ``RUN_DIR/eval_<which>.json`` (or ``--out``). Any evaluation setting can
+checkpoint with ``--which latest``, or when the run has no ``best/``: a warning says so), evaluates
+on the test split and writes the records, in the ``eval.json`` format plus ``checkpoint`` (best or
+latest) and ``checkpoint_step``, to ``RUN_DIR/eval_<best|latest>.json`` named after the checkpoint
+actually evaluated (or ``--out``). Any evaluation setting can
 be overridden as ``key=value`` (e.g. ``eval.num_tasks=1000``).
 """
 
@@ -39,7 +41,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         records = runner.evaluate(meta_params, "test", runner.cfg.eval.num_tasks)
     finally:
         runner.close()
-    out = args.out or os.path.join(args.run_dir, f"eval_{args.which}.json")
+    print(f"evaluated the {runner.loaded} checkpoint (step {runner.loaded_step})")
+    for r in records:
+        r.update(checkpoint=runner.loaded, checkpoint_step=runner.loaded_step)
+    out = args.out or os.path.join(args.run_dir, f"eval_{runner.loaded}.json")
     with open(out, "w") as f:
         json.dump(records, f, indent=2)
     for r in records:

@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import traceback
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from metalearn.config import check_writable, register_configs, to_objects
 from metalearn.runner.devices import initialize_distributed
-from metalearn.runner.loop import NonFiniteError, train_and_evaluate
+from metalearn.runner.loop import NonFiniteError, prepare_run_directory, train_and_evaluate
+from metalearn.runner.rundir import RunDirectoryError, restore_hydra_files
+from metalearn.runner.sweeps import record_job
 
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 log = logging.getLogger("metalearn")
@@ -29,11 +34,15 @@ logging.getLogger("absl").setLevel(logging.WARNING)
 
 
 def run(cfg: DictConfig, workdir: str) -> dict:
-    """Validate ``cfg``, write it resolved to ``workdir/config.yaml``, train and evaluate."""
+    """Validate ``cfg``, write it resolved to ``workdir/config.yaml``, train and evaluate.
+
+    A directory that holds a run with another config is refused before anything is written.
+    """
     config = to_objects(cfg)
     check_writable(workdir)
     d = config.distributed
     initialize_distributed(d.enabled, d.coordinator_address, d.num_processes, d.process_id)
+    prepare_run_directory(config, workdir)
     with open(os.path.join(workdir, "config.yaml"), "w") as f:
         f.write(OmegaConf.to_yaml(cfg, resolve=True))
     return train_and_evaluate(config, workdir)
@@ -41,16 +50,47 @@ def run(cfg: DictConfig, workdir: str) -> dict:
 
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> float | None:
+    """One run; in a sweep (``-m``) a failing job is recorded and the sweep goes on."""
     workdir = HydraConfig.get().runtime.output_dir
+    sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         summary = run(cfg, workdir)
+    except RunDirectoryError as err:
+        restore_hydra_files(workdir)  # Hydra rewrote .hydra/ before a sweep job could check
+        return _failed(workdir, sweep, f"error: {err}", 2)
     except (ValueError, FileNotFoundError, NonFiniteError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        return _failed(workdir, sweep, f"error: {err}", 2)
+    except Exception as err:
+        if not sweep:
+            raise
+        message = f"error: {type(err).__name__}: {err}".splitlines()[0]
+        return _failed(workdir, sweep, message, 1, traceback.format_exc())
     if summary["interrupted"]:
-        sys.exit(128 + summary["signal"])
+        code = 128 + summary["signal"]
+        if sweep:
+            record_job(workdir, "interrupted", code, f"stopped by signal {summary['signal']}")
+        sys.exit(code)  # in a sweep, a signal stops the remaining jobs too
+    if sweep:
+        record_job(workdir, "ok")
     return summary["best_val_score"]
 
 
+def _failed(workdir: str, sweep: bool, message: str, code: int, details: str = "") -> None:
+    """Report a failed run: exit with ``code``, or in a sweep record it and let the sweep go on."""
+    print(message, file=sys.stderr)
+    if not sweep:
+        sys.exit(code)
+    record_job(workdir, "failed", code, message, details or message + "\n")
+    return None
+
+
+def _stopped_early(signum, frame) -> None:
+    """A signal before the run has started (Hydra composing the config): one line, no trace."""
+    print(f"interrupted by {signal.Signals(signum).name} before training started", file=sys.stderr)
+    sys.exit(128 + signum)
+
+
 if __name__ == "__main__":
+    for _signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(_signum, _stopped_early)
     main()

@@ -17,7 +17,8 @@ from metalearn.runner.devices import is_primary_host, replicated, task_mesh
 from metalearn.runner.evaluation import evaluate_split, format_record, selection_score
 from metalearn.runner.experiment import Experiment, build_experiment, count_parameters
 from metalearn.runner.reporting import MetricsWriter, Progress
-from metalearn.runner.signals import StopRequest
+from metalearn.runner.rundir import check_rerun, record_config, saved_steps
+from metalearn.runner.signals import Interrupted, StopRequest
 from metalearn.runner.steps import all_finite, make_eval_step, make_meta_step, make_multi_step
 
 log = logging.getLogger("metalearn")
@@ -45,10 +46,12 @@ class Runner:
     def __init__(self, cfg: Config, workdir: str, experiment: Experiment | None = None):
         self.cfg, self.workdir = cfg, workdir
         self.exp = experiment or build_experiment(cfg)
+        primary = is_primary_host()
         self.checkpoints = CheckpointStore(
-            os.path.join(workdir, "checkpoints"), cfg.trainer.keep_checkpoints
+            os.path.join(workdir, "checkpoints"), cfg.trainer.keep_checkpoints, primary
         )
-        self.best = CheckpointStore(os.path.join(workdir, "best"), 1)
+        self.best = CheckpointStore(os.path.join(workdir, "best"), 1, primary)
+        self.loaded, self.loaded_step = "", -1  # what load_for_evaluation loaded
         self.mesh = task_mesh(cfg.trainer.shard_tasks, cfg.trainer.meta_batch_size)
         self.initial_state = replicated(self.exp.initial_state, self.mesh)
         self.splits = replicated(self.exp.tasks.splits, self.mesh)
@@ -113,10 +116,10 @@ class Runner:
         self.checkpoints.save(step, state, {"step": step, "best_score": _json_float(best_score)})
 
     def non_finite(self, step: int, what: str) -> NonFiniteError:
-        last = self.checkpoints.latest_step()
+        last = self.checkpoints.newest_intact_step()
         where = f"step {last} in {self.checkpoints.directory}" if last is not None else "none yet"
         return NonFiniteError(
-            f"non-finite {what} at step {step}; nothing non-finite was saved (last good "
+            f"non-finite {what} at step {step}; nothing non-finite was saved (last intact "
             f"checkpoint: {where}). Lower optimizer.lr or set optimizer.grad_clip_norm, then rerun "
             f"in the same run directory to resume from it."
         )
@@ -144,26 +147,54 @@ def train_and_evaluate(cfg: Config, workdir: str) -> dict:
     and ``summary.json``. Returns the summary; ``summary["interrupted"]`` is true when a signal
     stopped the run (a checkpoint was saved first).
     """
+    prepare_run_directory(cfg, workdir)
+    with StopRequest() as stop:
+        try:
+            runner = Runner(cfg, workdir)
+            try:
+                return _train(runner, stop)
+            finally:
+                runner.close()
+        except Interrupted as err:
+            steps = saved_steps(workdir)
+            saved = f"checkpoint of step {max(steps)} is saved" if steps else "nothing is saved yet"
+            log.warning(
+                "%s during %s: the %s; rerun with hydra.run.dir=%s to resume",
+                err,
+                stop.phase,
+                saved,
+                workdir,
+            )
+            return {"interrupted": True, "step": max(steps, default=0), "signal": err.signum}
+
+
+def prepare_run_directory(cfg: Config, workdir: str) -> None:
+    """Refuse a config that must not run in ``workdir`` (RunDirectoryError), then record it."""
     os.makedirs(workdir, exist_ok=True)
-    runner = Runner(cfg, workdir)
-    try:
-        return _train(runner)
-    finally:
-        runner.close()
+    changed = check_rerun(cfg, workdir)
+    if changed:
+        log.warning(
+            "resuming with changed settings (allowed by trainer.allow_changes): %s",
+            ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()),
+        )
+    if is_primary_host():
+        record_config(cfg, workdir, changed)
 
 
 def _restore(runner: Runner):
     state, best_score = runner.initial_state, -math.inf
-    if runner.cfg.trainer.resume and runner.checkpoints.latest_step() is not None:
-        state, metadata = runner.checkpoints.restore(state)
+    restored = runner.checkpoints.restore_intact(state) if runner.cfg.trainer.resume else None
+    if restored is not None:
+        state, metadata = restored
         if metadata.get("best_score") is not None:
             best_score = float(metadata["best_score"])
         log.info("resumed from step %d (%s)", int(state.step), runner.checkpoints.directory)
     return state, best_score
 
 
-def _train(runner: Runner) -> dict:
+def _train(runner: Runner, stop: StopRequest) -> dict:
     cfg, t = runner.cfg, runner.cfg.trainer
+    stop.phase = "the restore of the checkpoint"
     state, best_score = _restore(runner)
     step = start_step = int(state.step)
     log.info(
@@ -180,7 +211,8 @@ def _train(runner: Runner) -> dict:
     progress = Progress(t.num_steps, step, t.progress_bar)
     start_time, pending = time.perf_counter(), []
     try:
-        with StopRequest() as stop:
+        stop.phase = "training"
+        with stop.deferred():
             while step < t.num_steps and not stop.requested:
                 n = chunk_length(step, cfg, runner.exp.steps_per_call)
                 state, metrics = runner.train_call(state, n)
@@ -205,7 +237,9 @@ def _train(runner: Runner) -> dict:
                 )
                 return {"interrupted": True, "step": step, "signal": stop.signum}
         train_seconds = time.perf_counter() - start_time
+        stop.phase = "the final validation"
         best_score = _validate(runner, writer, state, best_score)
+        stop.phase = "the final test evaluation"
         records = _final_evaluation(runner, state)
     finally:
         progress.close()
@@ -273,8 +307,9 @@ def _validate(runner: Runner, writer: MetricsWriter, state, best_score: float) -
 def _final_evaluation(runner: Runner, state) -> list[dict]:
     cfg = runner.cfg
     meta_params, chosen = state.meta_params, "final"
-    if cfg.eval.select_best and runner.best.latest_step() is not None:
-        meta_params, metadata = runner.best.restore(state.meta_params)
+    best = runner.best.restore_intact(state.meta_params) if cfg.eval.select_best else None
+    if best is not None:
+        meta_params, metadata = best
         chosen = f"best on validation (step {metadata['step']})"
     log.info("final evaluation on %d test tasks with the %s parameters", cfg.eval.num_tasks, chosen)
     records = runner.evaluate(meta_params, "test", cfg.eval.num_tasks)
@@ -285,14 +320,25 @@ def _final_evaluation(runner: Runner, state) -> list[dict]:
 
 
 def load_for_evaluation(cfg: Config, workdir: str, which: str = "best") -> tuple[Runner, Any]:
-    """A runner and saved meta-parameters (``best`` or ``latest``) from a run directory."""
+    """A runner and saved meta-parameters (``best`` or ``latest``) from a run directory.
+
+    Without an intact ``best/`` checkpoint, the latest one is loaded instead, with a warning.
+    ``runner.loaded`` says which: ``"best"`` or ``"latest"``, and ``runner.loaded_step``.
+    """
     runner = Runner(cfg, workdir)
     template = runner.initial_state
-    if which == "best" and runner.best.latest_step() is not None:
-        params, _ = runner.best.restore(template.meta_params)
-        return runner, params
-    if runner.checkpoints.latest_step() is None:
+    if which == "best":
+        best = runner.best.restore_intact(template.meta_params)
+        if best is not None:
+            runner.loaded, runner.loaded_step = "best", int(best[1]["step"])
+            return runner, best[0]
+        log.warning(
+            "no best-on-validation checkpoint in %s (validation off?): the latest is used",
+            runner.best.directory,
+        )
+    latest = runner.checkpoints.restore_intact(template)
+    if latest is None:
         runner.close()
         raise FileNotFoundError(f"no checkpoint in {workdir}: nothing to evaluate")
-    state, _ = runner.checkpoints.restore(template)
-    return runner, state.meta_params
+    runner.loaded, runner.loaded_step = "latest", int(latest[0].step)
+    return runner, latest[0].meta_params

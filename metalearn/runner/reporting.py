@@ -18,8 +18,9 @@ log = logging.getLogger("metalearn")
 class MetricsWriter:
     """Appends one JSON object per logged step to ``metrics.jsonl`` and mirrors scalars to TB.
 
-    On resume, lines from steps after the restored checkpoint are dropped, so the file always
-    describes one consistent run.
+    On resume, lines from steps after the restored checkpoint are dropped, and a record for a
+    (step, split) already in the file replaces it (the final validation of a run interrupted
+    during its test evaluation is redone), so the file always describes one consistent run.
     """
 
     def __init__(self, workdir: str, resume_step: int = 0, enabled: bool = True):
@@ -27,21 +28,30 @@ class MetricsWriter:
         self.path = os.path.join(workdir, "metrics.jsonl")
         if not enabled:  # not the primary host of a multi-host run
             return
+        kept: list[str] = []
         if resume_step > 0 and os.path.exists(self.path):
             with open(self.path) as f:
-                kept = [line for line in f if _line_step(line) <= resume_step]
-            with open(self.path, "w") as f:
-                f.writelines(kept)
-        elif os.path.exists(self.path):
-            os.remove(self.path)
+                kept = [line for line in f if _line_key(line)[0] <= resume_step]
+        self._keys = {_line_key(line) for line in kept}
+        self._rewrite(kept)
+        purge = resume_step + 1 if resume_step else None  # TB drops its events after the step
+        self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=purge)
+
+    def _rewrite(self, lines: list[str]) -> None:
+        with open(self.path + ".tmp", "w") as f:
+            f.writelines(lines)
+        os.replace(self.path + ".tmp", self.path)
         self._file = open(self.path, "a")  # noqa: SIM115  (closed in close())
-        self._tb = SummaryWriter(
-            os.path.join(workdir, "tensorboard"), purge_step=resume_step or None
-        )
 
     def write(self, record: dict) -> None:
         if not self.enabled:
             return
+        key = (int(record["step"]), str(record.get("split")))
+        if key in self._keys:  # redone after a resume: replace the earlier record
+            self._file.close()
+            with open(self.path) as f:
+                self._rewrite([line for line in f if _line_key(line) != key])
+        self._keys.add(key)
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         step = record["step"]
@@ -58,11 +68,13 @@ class MetricsWriter:
             self._tb.close()
 
 
-def _line_step(line: str) -> int:
+def _line_key(line: str) -> tuple[int, str]:
+    """``(step, split)`` of a metrics.jsonl line; an unreadable one sorts after every step."""
     try:
-        return int(json.loads(line)["step"])
+        record = json.loads(line)
+        return int(record["step"]), str(record.get("split"))
     except (ValueError, KeyError, TypeError):
-        return sys.maxsize  # an unreadable (half-written) line is dropped on resume
+        return sys.maxsize, ""  # an unreadable (half-written) line is dropped on resume
 
 
 class Progress:
