@@ -18,7 +18,8 @@ from pathlib import Path
 
 import yaml
 
-from metalearn.runner.sweeps import read_status
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's metalearn
+from metalearn.runner.sweeps import read_status  # noqa: E402
 
 RECORD_COLUMNS = ["metric", "ways", "shots", "steps", "mean", "ci95", "nonfinite", "tasks"]
 

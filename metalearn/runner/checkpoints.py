@@ -67,8 +67,16 @@ def verify(directory: str) -> str | None:
     path = os.path.join(directory, MANIFEST)
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        expected = dict(reversed(line.rstrip("\n").split("  ", 1)) for line in f if line.strip())
+    expected = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                digest, rel = line.rstrip("\n").split("  ", 1)
+                if len(digest) != 64:
+                    raise ValueError(digest)
+                expected[rel] = digest
+    except (ValueError, UnicodeDecodeError):
+        return f"{MANIFEST} is unreadable"
     actual = file_digests(directory)
     for rel, digest in expected.items():
         if rel not in actual:

@@ -294,6 +294,7 @@ def _write_json(workdir: str, name: str, value: Any) -> None:
 def _validate(runner: Runner, writer: MetricsWriter, state, best_score: float) -> float:
     """Evaluate on the validation split; keep the parameters if they are the best so far."""
     cfg = runner.cfg
+    log.info("validation on %d tasks at step %d", cfg.eval.val_tasks, int(state.step))
     records = runner.evaluate(state.meta_params, "val", cfg.eval.val_tasks, [cfg.trainer.shots])
     step = int(state.step)
     writer.write({"step": step, "split": "val", "eval": records})

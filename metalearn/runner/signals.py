@@ -21,8 +21,11 @@ log = logging.getLogger("metalearn")
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-class Interrupted(Exception):
+class Interrupted(BaseException):
     """A SIGINT or SIGTERM arrived outside the training loop.
+
+    A BaseException, like KeyboardInterrupt, so that no ``except Exception`` on the way (logging
+    swallows errors raised while it writes) can catch it.
 
     >>> Interrupted(15).exit_code, Interrupted(2).name
     (143, 'SIGINT')

@@ -59,7 +59,7 @@ def test_chunks_never_cross_a_boundary():
 
 def test_resumed_run_reaches_the_same_parameters(tmp_path):
     overrides = ["trainer.num_steps=12", "trainer.checkpoint_every=4", "trainer.eval_every=0"]
-    cfg = tiny_config(*overrides)
+    cfg = tiny_config(*overrides, "trainer.allow_changes=[trainer.num_steps]")
     train_and_evaluate(cfg, str(tmp_path / "straight"))
     # Interrupted after 8 steps (a shorter run), then resumed with the full config.
     short = tiny_config(*overrides[1:], "trainer.num_steps=8")
@@ -124,6 +124,7 @@ def test_signal_saves_a_usable_checkpoint_and_resume_matches(tmp_path, signum):
         "trainer.log_every=10",
         "trainer.checkpoint_every=50000",
         "trainer.eval_every=0",
+        "trainer.allow_changes=[trainer.num_steps]",
     )
     train_and_evaluate(finish, str(run_dir))
     train_and_evaluate(finish, str(tmp_path / "straight"))
