@@ -12,11 +12,15 @@ used. Two stores live in a run directory: ``checkpoints/`` (the latest states, f
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import logging
 import os
 import shutil
+import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -24,6 +28,9 @@ import orbax.checkpoint as ocp
 
 PyTree = Any
 MANIFEST = "checksums.sha256"
+# Written into a store before its first save: from then on a step without a manifest is a save
+# that did not finish (killed between orbax's rename and the manifest), not an older version's.
+CHECKSUMMED = "checksummed"
 DAMAGED = "damaged"
 TMP_MARKER = ".orbax-checkpoint-tmp"
 log = logging.getLogger("metalearn")
@@ -58,15 +65,15 @@ def write_manifest(directory: str) -> None:
     os.replace(path + ".tmp", path)
 
 
-def verify(directory: str) -> str | None:
+def verify(directory: str, required: bool = True) -> str | None:
     """None if every file listed in the manifest is there unchanged, else what is wrong.
 
-    A directory without a manifest (written by an older version, or a save killed between
-    orbax's rename and the manifest) is not checked here: loading it is the test.
+    Without a manifest: wrong if ``required``; otherwise (a checkpoint of an older version) it
+    is not checked here, and loading it is the test.
     """
     path = os.path.join(directory, MANIFEST)
     if not os.path.exists(path):
-        return None
+        return f"no {MANIFEST}: its save did not finish" if required else None
     expected = {}
     try:
         with open(path, encoding="utf-8") as f:
@@ -84,6 +91,18 @@ def verify(directory: str) -> str | None:
         if actual[rel] != digest:
             return f"{rel} fails its checksum"
     return None
+
+
+@contextlib.contextmanager
+def _quiet_unraisable() -> Iterator[None]:
+    """Drop "Exception ignored in <coroutine>" reports while a restore attempt runs."""
+    previous = sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: None
+    try:
+        yield
+    finally:
+        gc.collect()  # let the abandoned coroutines be collected while silenced
+        sys.unraisablehook = previous
 
 
 class CheckpointStore:
@@ -117,6 +136,9 @@ class CheckpointStore:
     def save(self, step: int, state: PyTree, metadata: dict) -> None:
         if step in self._manager.all_steps():
             return
+        if self.primary and not self._checksummed():
+            with open(os.path.join(self.directory, CHECKSUMMED), "w") as f:
+                f.write("every checkpoint here has a checksums.sha256 manifest\n")
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state), metadata=ocp.args.JsonSave(metadata)
         )
@@ -146,10 +168,13 @@ class CheckpointStore:
         state = jax.tree_util.tree_unflatten(treedef, jax.tree_util.tree_leaves(restored["state"]))
         return state, dict(restored["metadata"])
 
+    def _checksummed(self) -> bool:
+        return os.path.exists(os.path.join(self.directory, CHECKSUMMED))
+
     def newest_intact_step(self) -> int | None:
         """The newest step whose checksums verify (nothing is moved)."""
         for step in sorted(self._manager.all_steps(), reverse=True):
-            if verify(self.step_dir(step)) is None:
+            if verify(self.step_dir(step), self._checksummed()) is None:
                 return step
         return None
 
@@ -161,10 +186,11 @@ class CheckpointStore:
         """
         damaged, result, used = [], None, None
         for step in sorted(self._manager.all_steps(), reverse=True):
-            problem = verify(self.step_dir(step))
+            problem = verify(self.step_dir(step), self._checksummed())
             if problem is None:
                 try:
-                    result = self.restore(template, step)
+                    with _quiet_unraisable():  # orbax's abandoned readers, on a bad checkpoint
+                        result = self.restore(template, step)
                 except RuntimeError as err:
                     problem = str(err.__cause__ or err).splitlines()[0][:200]
             if result is not None:

@@ -146,8 +146,9 @@ def _data_file(step_dir: Path) -> Path:
         (_truncate, lambda d: d / "state" / "_METADATA"),
         (_flip, _data_file),
         (Path.unlink, lambda d: d / "metadata" / "metadata"),
+        (Path.unlink, lambda d: d / "checksums.sha256"),  # killed before the manifest
     ],
-    ids=["truncated", "flipped", "missing"],
+    ids=["truncated", "flipped", "missing", "unfinished"],
 )
 def test_damaged_latest_checkpoint_falls_back_and_is_kept(finished_run, run_copy, damage, target):
     damaged_file = target(run_copy / "checkpoints" / "4")
@@ -162,7 +163,7 @@ def test_damaged_latest_checkpoint_falls_back_and_is_kept(finished_run, run_copy
     assert len(warnings) == 1 and "step 4 (" in warnings[0] and "using step 2" in warnings[0]
     assert "resumed from step 2" in log
     (kept,) = (run_copy / "checkpoints" / "damaged").iterdir()
-    assert kept.name.startswith("4-") and (kept / "checksums.sha256").exists()
+    assert kept.name.startswith("4-") and (kept / "state").is_dir()
     assert not stale.exists()
     assert_same_state(run_copy, finished_run)
     assert (run_copy / "eval.json").read_bytes() == (finished_run / "eval.json").read_bytes()
