@@ -19,13 +19,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from metalearn.config import check_writable, register_configs, to_objects
+from metalearn.config import check_writable, exit_on_renamed_keys, register_configs, to_objects
 from metalearn.runner.devices import initialize_distributed
 from metalearn.runner.loop import NonFiniteError, prepare_run_directory, train_and_evaluate
 from metalearn.runner.rundir import RunDirectoryError, restore_hydra_files
 from metalearn.runner.sweeps import record_job
 
-CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+# The Hydra configs ship inside the package (metalearn/conf/), so a wheel install runs too.
+CONF_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
 log = logging.getLogger("metalearn")
 
 register_configs()
@@ -48,7 +49,7 @@ def run(cfg: DictConfig, workdir: str) -> dict:
     return train_and_evaluate(config, workdir)
 
 
-@hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
+@hydra.main(version_base=None, config_path="pkg://metalearn.conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     """One run; in a sweep (``-m``) a failing job is recorded and the sweep goes on."""
     workdir = HydraConfig.get().runtime.output_dir
@@ -91,6 +92,7 @@ def _stopped_early(signum, frame) -> None:
 
 
 if __name__ == "__main__":
+    exit_on_renamed_keys(sys.argv[1:])
     for _signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(_signum, _stopped_early)
     main()

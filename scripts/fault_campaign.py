@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))  # this checkout's metalearn, also for the runs be
 CONFIG = [
     "+experiment=sinusoid_maml",
     "+debug=tiny",
-    "trainer.num_steps=60",
+    "trainer.meta_steps=60",
     "trainer.steps_per_call=2",
     "trainer.log_every=4",
     "trainer.eval_every=20",

@@ -19,7 +19,13 @@ from metalearn.runner.experiment import Experiment, build_experiment, count_para
 from metalearn.runner.reporting import MetricsWriter, Progress
 from metalearn.runner.rundir import check_rerun, record_config, saved_steps
 from metalearn.runner.signals import Interrupted, StopRequest
-from metalearn.runner.steps import all_finite, make_eval_step, make_meta_step, make_multi_step
+from metalearn.runner.steps import (
+    all_finite,
+    make_eval_step,
+    make_meta_step,
+    make_multi_step,
+    trained,
+)
 
 log = logging.getLogger("metalearn")
 
@@ -36,7 +42,7 @@ def chunk_length(step: int, cfg: Config, steps_per_call: int) -> int:
     """
     t = cfg.trainer
     intervals = [t.log_every, t.checkpoint_every] + ([t.eval_every] if t.eval_every else [])
-    next_boundary = min([t.num_steps] + [(step // k + 1) * k for k in intervals])
+    next_boundary = min([t.meta_steps] + [(step // k + 1) * k for k in intervals])
     return min(steps_per_call, next_boundary - step)
 
 
@@ -56,14 +62,11 @@ class Runner:
         self.initial_state = replicated(self.exp.initial_state, self.mesh)
         self.splits = replicated(self.exp.tasks.splits, self.mesh)
         meta_step = make_meta_step(
-            self.exp.learner,
+            self.exp.meta_train_step(cfg.trainer.meta_steps, self.mesh),
             self.exp.tasks,
-            self.exp.optimizer,
             train_key=self.exp.train_key,
             meta_batch_size=cfg.trainer.meta_batch_size,
             shots=cfg.trainer.shots,
-            total_steps=cfg.trainer.num_steps,
-            strategy=self.exp.task_batching,
             mesh=self.mesh,
         )
         self._meta_step = meta_step
@@ -77,9 +80,9 @@ class Runner:
             mesh=self.mesh,
         )
 
-    def eval_step(self, meta_params, split_arrays, keys, shots: int):
+    def eval_step(self, trained_params, split_arrays, keys, shots: int):
         """The jitted evaluation of the tasks drawn from ``keys`` (placed on every device)."""
-        return self._eval_step(meta_params, split_arrays, replicated(keys, self.mesh), shots)
+        return self._eval_step(trained_params, split_arrays, replicated(keys, self.mesh), shots)
 
     def train_call(self, state, num_steps: int):
         """Run ``num_steps`` fused meta-steps; compiles (timed) on first use of a length."""
@@ -94,11 +97,12 @@ class Runner:
             )
         return self._compiled[num_steps](state, arrays)
 
-    def evaluate(self, meta_params, split: str, num_tasks: int, shots_list=None) -> list[dict]:
+    def evaluate(self, trained_params, split: str, num_tasks: int, shots_list=None) -> list[dict]:
+        """Evaluate ``trained_params`` (a :class:`~metalearn.runner.steps.Trained`)."""
         e = self.cfg.eval
         return evaluate_split(
             self.eval_step,
-            meta_params,
+            trained_params,
             self.splits[split],
             split=split,
             seed=e.seed,
@@ -208,23 +212,23 @@ def _train(runner: Runner, stop: StopRequest) -> dict:
         jax.devices()[0].platform,
     )
     writer = MetricsWriter(runner.workdir, resume_step=step, enabled=is_primary_host())
-    progress = Progress(t.num_steps, step, t.progress_bar)
+    progress = Progress(t.meta_steps, step, t.progress_bar)
     start_time, pending = time.perf_counter(), []
     try:
         stop.phase = "training"
         with stop.deferred():
-            while step < t.num_steps and not stop.requested:
+            while step < t.meta_steps and not stop.requested:
                 n = chunk_length(step, cfg, runner.exp.steps_per_call)
                 state, metrics = runner.train_call(state, n)
                 step += n
                 progress.advance(step)
                 pending.append((n, metrics))
-                if step % t.log_every == 0 or step == t.num_steps:
+                if step % t.log_every == 0 or step == t.meta_steps:
                     _log_training(runner, writer, progress, step, pending)
                     pending = []
-                if t.eval_every and step % t.eval_every == 0 and step < t.num_steps:
+                if t.eval_every and step % t.eval_every == 0 and step < t.meta_steps:
                     best_score = _validate(runner, writer, state, best_score)
-                if step % t.checkpoint_every == 0 or step == t.num_steps:
+                if step % t.checkpoint_every == 0 or step == t.meta_steps:
                     runner.save(state, best_score)
             if stop.requested:  # the signal may land after the last check inside the loop
                 runner.save(state, best_score)
@@ -295,20 +299,20 @@ def _validate(runner: Runner, writer: MetricsWriter, state, best_score: float) -
     """Evaluate on the validation split; keep the parameters if they are the best so far."""
     cfg = runner.cfg
     log.info("validation on %d tasks at step %d", cfg.eval.val_tasks, int(state.step))
-    records = runner.evaluate(state.meta_params, "val", cfg.eval.val_tasks, [cfg.trainer.shots])
+    records = runner.evaluate(trained(state), "val", cfg.eval.val_tasks, [cfg.trainer.shots])
     step = int(state.step)
     writer.write({"step": step, "split": "val", "eval": records})
-    score = selection_score(records, runner.exp.tasks.kind, cfg.trainer.shots)
+    score = selection_score(records, runner.exp.objective, cfg.trainer.shots)
     if score > best_score:
         best_score = score
-        runner.best.save(step, state.meta_params, {"step": step, "score": score})
+        runner.best.save(step, trained(state), {"step": step, "score": score})
     return best_score
 
 
 def _final_evaluation(runner: Runner, state) -> list[dict]:
     cfg = runner.cfg
-    meta_params, chosen = state.meta_params, "final"
-    best = runner.best.restore_intact(state.meta_params) if cfg.eval.select_best else None
+    meta_params, chosen = trained(state), "final"
+    best = runner.best.restore_intact(trained(state)) if cfg.eval.select_best else None
     if best is not None:
         meta_params, metadata = best
         chosen = f"best on validation (step {metadata['step']})"
@@ -329,7 +333,7 @@ def load_for_evaluation(cfg: Config, workdir: str, which: str = "best") -> tuple
     runner = Runner(cfg, workdir)
     template = runner.initial_state
     if which == "best":
-        best = runner.best.restore_intact(template.meta_params)
+        best = runner.best.restore_intact(trained(template))
         if best is not None:
             runner.loaded, runner.loaded_step = "best", int(best[1]["step"])
             return runner, best[0]
@@ -342,4 +346,4 @@ def load_for_evaluation(cfg: Config, workdir: str, which: str = "best") -> tuple
         runner.close()
         raise FileNotFoundError(f"no checkpoint in {workdir}: nothing to evaluate")
     runner.loaded, runner.loaded_step = "latest", int(latest[0].step)
-    return runner, latest[0].meta_params
+    return runner, trained(latest[0])

@@ -4,7 +4,7 @@ The resolved config of a run is stored with its checkpoints (``checkpoints/confi
 flattened config, its sha256 fingerprint and the history of allowed changes), with a copy of
 Hydra's ``.hydra/`` files. Before a rerun in the same directory writes anything, its config is
 compared with the stored one: a difference is refused in one line naming the keys, unless each
-differing key is listed in ``trainer.allow_changes`` (e.g. ``[trainer.num_steps]`` to train
+differing key is listed in ``trainer.allow_changes`` (e.g. ``[trainer.meta_steps]`` to train
 longer). ``trainer.resume=false`` in a directory that holds a run is refused too.
 """
 
@@ -45,7 +45,7 @@ def flat_config(cfg: Config) -> dict[str, Any]:
 
     >>> from metalearn.config import OptimizerConfig
     >>> flat = flat_config(Config(algorithm={}, model={}, data={}))
-    >>> flat["trainer.num_steps"], "trainer.resume" in flat
+    >>> flat["trainer.meta_steps"], "trainer.resume" in flat
     (70000, False)
     """
     flat: dict[str, Any] = {}

@@ -94,15 +94,17 @@ def test_rerun_with_another_config_is_refused_before_anything_is_written(run_cop
 
 
 def test_an_allowed_change_resumes_and_is_recorded(run_copy):
-    refused = train(run_copy, "trainer.num_steps=6")
-    one_line_error(refused, "trainer.num_steps 4 -> 6", "trainer.allow_changes=[trainer.num_steps]")
-    result = train(run_copy, "trainer.num_steps=6", "trainer.allow_changes=[trainer.num_steps]")
+    refused = train(run_copy, "trainer.meta_steps=6")
+    one_line_error(
+        refused, "trainer.meta_steps 4 -> 6", "trainer.allow_changes=[trainer.meta_steps]"
+    )
+    result = train(run_copy, "trainer.meta_steps=6", "trainer.allow_changes=[trainer.meta_steps]")
     assert result.returncode == 0, result.stderr
     assert "resumed from step 4" in result.stdout
     assert CheckpointStore(str(run_copy / "checkpoints"), 2).latest_step() == 6
     record = json.loads((run_copy / "checkpoints" / "config.json").read_text())
-    assert record["config"]["trainer.num_steps"] == 6
-    assert record["changes"] == [{"from_step": 4, "changed": {"trainer.num_steps": [4, 6]}}]
+    assert record["config"]["trainer.meta_steps"] == 6
+    assert record["changes"] == [{"from_step": 4, "changed": {"trainer.meta_steps": [4, 6]}}]
 
 
 def test_resume_false_in_a_run_directory_is_refused(run_copy):
