@@ -12,9 +12,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -54,6 +56,10 @@ class TrainerConfig:
     resume: bool = True  # continue from the latest checkpoint in the run directory
     shard_tasks: bool = True  # with several devices, split each meta-batch's tasks across them
     progress_bar: str = "auto"  # auto (a TTY gets a bar) | bar | lines
+    # JAX's persistent compilation cache, so reruns and sweep jobs reuse compiled meta-steps.
+    # auto: $JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/metalearn/jax (~/.cache/...);
+    # a path: that directory; off (or null): no cache. See metalearn/runner/compilation_cache.py.
+    compilation_cache: str | None = "auto"
 
 
 @dataclasses.dataclass
@@ -90,18 +96,80 @@ class Config:
     distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
     seed: int = 0
     name: str = "run"
+    run_name: str = ""  # name plus what the command line changed (conf/config.yaml); the run dir
 
 
 GROUPS: dict[str, Registry] = {"algorithm": ALGORITHMS, "model": MODELS, "data": TASKS}
 
 
+SCHEMA_SUFFIX = "_schema"
+# Config groups whose choice on the command line becomes part of the run name.
+RUN_NAME_GROUPS = ("algorithm", "model", "data", "optimizer", "debug")
+
+
 def register_configs() -> None:
-    """Store the top-level schema and one schema per registered algorithm/model/data entry."""
+    """Store the top-level schema and one schema per registered algorithm/model/data entry.
+
+    Also registers the ``metalearn_run_name`` resolver used by ``run_name`` in conf/config.yaml.
+    """
+    if not OmegaConf.has_resolver("metalearn_run_name"):
+        OmegaConf.register_new_resolver("metalearn_run_name", _run_name_from_hydra)
     store = ConfigStore.instance()
     store.store(name="base_config", node=Config)
     for group, registry in GROUPS.items():
         for name in registry.names():
-            store.store(group=group, name=f"{name}_schema", node=registry.entry(name).config_cls)
+            schema = registry.entry(name).config_cls
+            store.store(group=group, name=f"{name}{SCHEMA_SUFFIX}", node=schema)
+
+
+def run_name(name: str, overrides: Sequence[str]) -> str:
+    """``name`` followed by the config groups the command line chose (what actually runs).
+
+    An explicit ``name=...`` is kept as given.
+
+    >>> run_name("sinusoid_maml", ["+experiment=sinusoid_maml", "algorithm=reptile", "seed=3",
+    ...                            "+debug=tiny"])
+    'sinusoid_maml-algorithm=reptile-debug=tiny'
+    >>> run_name("reptile_sinusoid", ["algorithm=reptile"])  # already in the name
+    'reptile_sinusoid'
+    >>> run_name("mine", ["name=mine", "algorithm=reptile"])
+    'mine'
+    """
+    parts = [name]
+    for override in overrides:
+        key, sep, value = override.lstrip("+~").partition("=")
+        if key == "name":
+            return name
+        if sep and value and key in RUN_NAME_GROUPS and value not in name.split("_"):
+            parts.append(f"{key}={value}")
+    return "-".join(parts)
+
+
+def _run_name_from_hydra(name: str) -> str:
+    if not HydraConfig.initialized():
+        return name
+    return run_name(name, list(HydraConfig.get().overrides.task))
+
+
+def check_group_choices(choices: Mapping[str, Any], options: Mapping[str, Sequence[str]]) -> None:
+    """Refuse a config group choice that is an internal schema entry (e.g. ``maml_schema``).
+
+    ``choices`` maps groups to the chosen option (Hydra's ``runtime.choices``), ``options``
+    maps groups to the options that exist.
+
+    >>> check_group_choices({"algorithm": "maml_schema"}, {"algorithm": ["maml", "maml_schema"]})
+    Traceback (most recent call last):
+    ...
+    ValueError: algorithm=maml_schema is an internal schema entry, not an option; use one of: maml
+    """
+    for group in GROUPS:
+        choice = choices.get(group)
+        if choice and str(choice).endswith(SCHEMA_SUFFIX):
+            public = [o for o in options.get(group, []) if not o.endswith(SCHEMA_SUFFIX)]
+            raise ValueError(
+                f"{group}={choice} is an internal schema entry, not an option; "
+                f"use one of: {', '.join(public)}"
+            )
 
 
 def to_objects(cfg: DictConfig) -> Config:
@@ -122,6 +190,7 @@ def to_objects(cfg: DictConfig) -> Config:
         distributed=section(DistributedConfig, "distributed"),
         seed=int(cfg.seed),
         name=str(cfg.name),
+        run_name=str(cfg.get("run_name") or cfg.name),
     )
     validate(top)
     return top
@@ -140,6 +209,9 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine")
 
 
+MAX_SEED = 2**32 - 1  # JAX keys are built from 32 bits of the seed: larger seeds collide
+
+
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
@@ -148,6 +220,12 @@ def _require(condition: bool, message: str) -> None:
 def validate(cfg: Config) -> None:
     """Check values the types cannot express; raise ValueError naming the key."""
     t, o, e = cfg.trainer, cfg.optimizer, cfg.eval
+    for key, seed in (("seed", cfg.seed), ("eval.seed", e.seed)):
+        _require(
+            0 <= seed <= MAX_SEED,
+            f"{key} must be an integer in [0, 2**32 - 1] (JAX keys use 32 bits of it, so other "
+            f"values collide with seeds in that range), got {seed}",
+        )
     _require(t.num_steps >= 1, f"trainer.num_steps must be >= 1, got {t.num_steps}")
     _require(
         t.meta_batch_size >= 1, f"trainer.meta_batch_size must be >= 1, got {t.meta_batch_size}"

@@ -65,6 +65,13 @@ def build_optimizer(
 
 def build_model(cfg: Config, tasks: TaskDistribution) -> Model:
     module = MODELS.build(cfg.model, tasks.num_outputs)
+    rank = getattr(module, "input_rank", None)
+    if rank == 3 and len(tasks.input_shape) != 3:
+        raise ValueError(
+            f"model={cfg.model.name} needs images (inputs [height, width, channels]) but "
+            f"data={cfg.data.name} gives inputs of shape {tuple(tasks.input_shape)}; use "
+            "model=mlp, or an image dataset (data=omniglot, miniimagenet, cifarfs or fc100)"
+        )
     embed = "embed" if hasattr(module, "embed") else None
     return model_from_flax(
         module, tasks.input_shape, tasks.kind, head=("head",), embed_method=embed

@@ -14,7 +14,13 @@ import jax
 from metalearn.config import Config
 from metalearn.runner.checkpoints import CheckpointStore
 from metalearn.runner.devices import is_primary_host, replicated, task_mesh
-from metalearn.runner.evaluation import evaluate_split, format_record, selection_score
+from metalearn.runner.divergence import divergence_advice
+from metalearn.runner.evaluation import (
+    check_shot_counts,
+    evaluate_split,
+    format_record,
+    selection_score,
+)
 from metalearn.runner.experiment import Experiment, build_experiment, count_parameters
 from metalearn.runner.reporting import MetricsWriter, Progress
 from metalearn.runner.signals import StopRequest
@@ -45,12 +51,17 @@ class Runner:
     def __init__(self, cfg: Config, workdir: str, experiment: Experiment | None = None):
         self.cfg, self.workdir = cfg, workdir
         self.exp = experiment or build_experiment(cfg)
+        check_shot_counts(
+            self.exp.tasks.sample, self.exp.tasks.splits, cfg.trainer.shots, cfg.eval.shots
+        )
         self.checkpoints = CheckpointStore(
             os.path.join(workdir, "checkpoints"), cfg.trainer.keep_checkpoints
         )
         self.best = CheckpointStore(os.path.join(workdir, "best"), 1)
         self.mesh = task_mesh(cfg.trainer.shard_tasks, cfg.trainer.meta_batch_size)
         self.initial_state = replicated(self.exp.initial_state, self.mesh)
+        # A host copy: the first training call donates (deletes) the device buffers.
+        self._initial_params = jax.device_get(self.exp.initial_state.meta_params)
         self.splits = replicated(self.exp.tasks.splits, self.mesh)
         meta_step = make_meta_step(
             self.exp.learner,
@@ -66,6 +77,7 @@ class Runner:
         self._meta_step = meta_step
         self._compiled: dict[int, Any] = {}
         self.compile_seconds = 0.0
+        self.eval_seconds = 0.0  # periodic validation; with compiling, kept out of steps/s
         self._eval_step = make_eval_step(
             self.exp.learner,
             self.exp.tasks,
@@ -115,10 +127,14 @@ class Runner:
     def non_finite(self, step: int, what: str) -> NonFiniteError:
         last = self.checkpoints.latest_step()
         where = f"step {last} in {self.checkpoints.directory}" if last is not None else "none yet"
+        good = self._initial_params
+        if last is not None:
+            good = self.checkpoints.restore(self.initial_state)[0].meta_params
+        advice = divergence_advice(self.cfg, self.exp, self.splits["train"], self.mesh, good)
         return NonFiniteError(
             f"non-finite {what} at step {step}; nothing non-finite was saved (last good "
-            f"checkpoint: {where}). Lower optimizer.lr or set optimizer.grad_clip_norm, then rerun "
-            f"in the same run directory to resume from it."
+            f"checkpoint: {where}). Likely cause: {advice}; then rerun in the same run "
+            "directory to resume from the last good checkpoint."
         )
 
     def close(self) -> None:
@@ -168,7 +184,7 @@ def _train(runner: Runner) -> dict:
     step = start_step = int(state.step)
     log.info(
         "training %s: %s on %s, %d parameters, tasks batched by %s, %d %s device(s)",
-        cfg.name,
+        cfg.run_name or cfg.name,
         cfg.algorithm.name,
         cfg.data.name,
         count_parameters(state.meta_params),
@@ -205,6 +221,7 @@ def _train(runner: Runner) -> dict:
                 )
                 return {"interrupted": True, "step": step, "signal": stop.signum}
         train_seconds = time.perf_counter() - start_time
+        untimed = runner.compile_seconds + runner.eval_seconds
         best_score = _validate(runner, writer, state, best_score)
         records = _final_evaluation(runner, state)
     finally:
@@ -215,7 +232,7 @@ def _train(runner: Runner) -> dict:
         "step": step,
         "train_seconds": train_seconds,
         "compile_seconds": runner.compile_seconds,
-        "steps_per_s": (step - start_step) / max(train_seconds - runner.compile_seconds, 1e-9),
+        "steps_per_s": (step - start_step) / max(train_seconds - untimed, 1e-9),
         "task_batching": runner.exp.task_batching,
         "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
         "best_val_score": _json_float(best_score),
@@ -236,7 +253,7 @@ def _log_training(
     averaged = _average(pending)
     if not all(math.isfinite(v) for v in averaged.values()):
         raise runner.non_finite(step, f"training metrics {averaged}")
-    rate = progress.update(step, averaged)
+    rate = progress.update(step, averaged, runner.compile_seconds + runner.eval_seconds)
     writer.write(
         {
             "step": step,
@@ -259,7 +276,7 @@ def _write_json(workdir: str, name: str, value: Any) -> None:
 
 def _validate(runner: Runner, writer: MetricsWriter, state, best_score: float) -> float:
     """Evaluate on the validation split; keep the parameters if they are the best so far."""
-    cfg = runner.cfg
+    cfg, started = runner.cfg, time.perf_counter()
     records = runner.evaluate(state.meta_params, "val", cfg.eval.val_tasks, [cfg.trainer.shots])
     step = int(state.step)
     writer.write({"step": step, "split": "val", "eval": records})
@@ -267,6 +284,7 @@ def _validate(runner: Runner, writer: MetricsWriter, state, best_score: float) -
     if score > best_score:
         best_score = score
         runner.best.save(step, state.meta_params, {"step": step, "score": score})
+    runner.eval_seconds += time.perf_counter() - started
     return best_score
 
 
