@@ -40,8 +40,10 @@ def run(cfg: DictConfig, workdir: str) -> dict:
     check_writable(workdir)
     d = config.distributed
     initialize_distributed(d.enabled, d.coordinator_address, d.num_processes, d.process_id)
-    with open(os.path.join(workdir, "config.yaml"), "w") as f:
+    path = os.path.join(workdir, "config.yaml")
+    with open(path + ".tmp", "w") as f:  # never a half-written config.yaml
         f.write(OmegaConf.to_yaml(cfg, resolve=True))
+    os.replace(path + ".tmp", path)
     return train_and_evaluate(config, workdir)
 
 

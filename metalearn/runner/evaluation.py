@@ -65,14 +65,16 @@ def evaluate_split(
     num_tasks: int,
     tasks_per_call: int,
     ways: int | None,
+    on_chunk: Callable[[int, int], None] | None = None,
 ) -> list[dict]:
     """Evaluate on ``num_tasks`` fixed tasks per shot count; one record per (metric, shots, steps).
 
     Records look like ``{"metric": "mse", "shots": 5, "steps": 10, "mean": ..., "ci95": ...,
-    "tasks": 600}``, with ``"ways"`` added for classification.
+    "tasks": 600}``, with ``"ways"`` added for classification. ``on_chunk(shots, tasks_done)``,
+    if given, is called as each jitted call finishes (for a progress bar).
     """
     records = []
-    for shots in shots_list:
+    for shots in map(int, shots_list):
         keys = evaluation_keys(seed, split, shots, num_tasks)
         padded = -(-num_tasks // tasks_per_call) * tasks_per_call
         keys = (
@@ -80,10 +82,12 @@ def evaluate_split(
             if padded > num_tasks
             else keys
         )
-        chunks = [
-            eval_step(meta_params, split_arrays, keys[i : i + tasks_per_call], int(shots))
-            for i in range(0, padded, tasks_per_call)
-        ]
+        chunks = []
+        for i in range(0, padded, tasks_per_call):
+            chunks.append(eval_step(meta_params, split_arrays, keys[i : i + tasks_per_call], shots))
+            if on_chunk is not None:
+                jax.block_until_ready(chunks[-1])
+                on_chunk(shots, min(i + tasks_per_call, num_tasks))
         per_task = {
             name: np.concatenate([np.asarray(c[name]) for c in chunks])[:num_tasks]
             for name in chunks[0]

@@ -103,7 +103,9 @@ class Runner:
             )
         return self._compiled[num_steps](state, arrays)
 
-    def evaluate(self, meta_params, split: str, num_tasks: int, shots_list=None) -> list[dict]:
+    def evaluate(
+        self, meta_params, split: str, num_tasks: int, shots_list=None, on_chunk=None
+    ) -> list[dict]:
         e = self.cfg.eval
         return evaluate_split(
             self.eval_step,
@@ -116,6 +118,7 @@ class Runner:
             num_tasks=num_tasks,
             tasks_per_call=min(e.tasks_per_call, num_tasks),
             ways=self.exp.tasks.ways,
+            on_chunk=on_chunk,
         )
 
     def save(self, state, best_score: float) -> None:
