@@ -56,7 +56,8 @@ def parse_args(argv: list[str]) -> dict[str, str]:
         raise ValueError(f"name the dataset(s) with data=; usage: {USAGE}")
     unknown = [n for n in settings["data"].split(",") if n not in BUILDERS]
     if unknown:
-        raise ValueError(f"data={settings['data']}: unknown {', '.join(unknown)}; known: {', '.join(BUILDERS)}")
+        known = ", ".join(BUILDERS)
+        raise ValueError(f"data={settings['data']}: unknown {', '.join(unknown)}; known: {known}")
     return settings
 
 
