@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
-import subprocess
-import sys
 
+from tests.cli import run_script
 from tests.data.fake_sources import write_cifar
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "prepare_data.py"
@@ -43,9 +42,7 @@ def test_the_readme_spelling_is_accepted_and_others_are_refused(tmp_path):
     command = readme.split("`python scripts/prepare_data.py ", 1)[1].split("`", 1)[0].split()
     assert command[0] == "data=omniglot" and command[1].startswith("data.manual_dir=")
     for argv in ([], ["omniglot", "--manual-dir", str(tmp_path)], ["data=nosuch"]):
-        result = subprocess.run(
-            [sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120
-        )
+        result = run_script("prepare_data.py", *argv, timeout=120)
         assert result.returncode == 2, (argv, result.stderr)
         assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
         assert "data=" in result.stderr and "Traceback" not in result.stderr
