@@ -125,7 +125,7 @@ def register_configs() -> None:
 def run_name(name: str, overrides: Sequence[str]) -> str:
     """``name`` followed by the config groups the command line chose (what actually runs).
 
-    An explicit ``name=...`` is kept as given.
+    Groups come in the order of :data:`RUN_NAME_GROUPS`; an explicit ``name=...`` is kept as given.
 
     >>> run_name("sinusoid_maml", ["+experiment=sinusoid_maml", "algorithm=reptile", "seed=3",
     ...                            "+debug=tiny"])
@@ -135,14 +135,14 @@ def run_name(name: str, overrides: Sequence[str]) -> str:
     >>> run_name("mine", ["name=mine", "algorithm=reptile"])
     'mine'
     """
-    parts = [name]
+    chosen = {}
     for override in overrides:
         key, sep, value = override.lstrip("+~").partition("=")
         if key == "name":
             return name
         if sep and value and key in RUN_NAME_GROUPS and value not in name.split("_"):
-            parts.append(f"{key}={value}")
-    return "-".join(parts)
+            chosen[key] = value
+    return "-".join([name] + [f"{k}={chosen[k]}" for k in RUN_NAME_GROUPS if k in chosen])
 
 
 def _run_name_from_hydra(name: str) -> str:
@@ -296,6 +296,7 @@ class CheckOutputDirectory(Callback):
             sys.exit(2)
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        HydraConfig.instance().set_config(config)  # as the job will: run_name needs it
         self._check(config.hydra.run.dir)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
