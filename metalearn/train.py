@@ -41,9 +41,10 @@ def run(cfg: DictConfig, workdir: str) -> dict:
     d = config.distributed
     initialize_distributed(d.enabled, d.coordinator_address, d.num_processes, d.process_id)
     path = os.path.join(workdir, "config.yaml")
-    with open(path + ".tmp", "w") as f:  # never a half-written config.yaml
+    partial = f"{path}.{os.getpid()}.tmp"  # never a half-written config.yaml (one per host)
+    with open(partial, "w") as f:
         f.write(OmegaConf.to_yaml(cfg, resolve=True))
-    os.replace(path + ".tmp", path)
+    os.replace(partial, path)
     return train_and_evaluate(config, workdir)
 
 
