@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import doctest
 import importlib.util
 import pathlib
 
@@ -46,3 +47,8 @@ def test_the_readme_spelling_is_accepted_and_others_are_refused(tmp_path):
         assert result.returncode == 2, (argv, result.stderr)
         assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
         assert "data=" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_docstring_examples():
+    result = doctest.testmod(load_script(), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
