@@ -65,14 +65,16 @@ def evaluate_split(
     num_tasks: int,
     tasks_per_call: int,
     ways: int | None,
+    on_chunk: Callable[[int, int], None] | None = None,
 ) -> list[dict]:
     """Evaluate on ``num_tasks`` fixed tasks per shot count; one record per (metric, shots, steps).
 
     Records look like ``{"metric": "mse", "shots": 5, "steps": 10, "mean": ..., "ci95": ...,
-    "tasks": 600}``, with ``"ways"`` added for classification.
+    "tasks": 600}``, with ``"ways"`` added for classification. ``on_chunk(shots, tasks_done)``,
+    if given, is called as each jitted call finishes (for a progress bar).
     """
     records = []
-    for shots in shots_list:
+    for shots in map(int, shots_list):
         keys = evaluation_keys(seed, split, shots, num_tasks)
         padded = -(-num_tasks // tasks_per_call) * tasks_per_call
         keys = (
@@ -80,10 +82,12 @@ def evaluate_split(
             if padded > num_tasks
             else keys
         )
-        chunks = [
-            eval_step(meta_params, split_arrays, keys[i : i + tasks_per_call], int(shots))
-            for i in range(0, padded, tasks_per_call)
-        ]
+        chunks = []
+        for i in range(0, padded, tasks_per_call):
+            chunks.append(eval_step(meta_params, split_arrays, keys[i : i + tasks_per_call], shots))
+            if on_chunk is not None:
+                jax.block_until_ready(chunks[-1])
+                on_chunk(shots, min(i + tasks_per_call, num_tasks))
         per_task = {
             name: np.concatenate([np.asarray(c[name]) for c in chunks])[:num_tasks]
             for name in chunks[0]
@@ -133,3 +137,32 @@ def format_record(record: dict) -> str:
         else ""
     )
     return f"{head}: {record['mean']:.4f}{ci}{tail}"
+
+
+def check_shot_counts(
+    sample: Callable, splits: dict, trainer_shots: int, eval_shots: Sequence[int]
+) -> None:
+    """Fail before training if the data cannot supply a shot count the run will ask for.
+
+    Traces (without computing) ``sample(split_arrays, key, shots)`` for ``trainer.shots`` on the
+    train and validation splits and for each of ``eval.shots`` on the test split; a sampler's
+    ValueError comes back naming the key to change.
+
+    >>> def sample(arrays, key, shots):
+    ...     if shots > 18:
+    ...         raise ValueError(f"shots={shots} exceeds the 20 examples per class")
+    ...     return shots
+    >>> check_shot_counts(sample, {"train": {}, "val": {}, "test": {}}, 5, [5, 50])
+    Traceback (most recent call last):
+    ...
+    ValueError: eval.shots=[5, 50]: shots=50 exceeds the 20 examples per class; lower eval.shots
+    """
+    key = jax.random.key(0)
+    wanted = [("trainer.shots", trainer_shots, s, [trainer_shots]) for s in ("train", "val")]
+    wanted += [("eval.shots", shots, "test", list(eval_shots)) for shots in eval_shots]
+    for name, shots, split, setting in wanted:
+        try:
+            jax.eval_shape(lambda k, s=split, n=shots: sample(splits[s], k, n), key)
+        except ValueError as err:
+            shown = setting if name == "eval.shots" else setting[0]
+            raise ValueError(f"{name}={shown}: {err}; lower {name}") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -14,7 +15,13 @@ import jax
 from metalearn.config import Config
 from metalearn.runner.checkpoints import CheckpointStore
 from metalearn.runner.devices import is_primary_host, replicated, task_mesh
-from metalearn.runner.evaluation import evaluate_split, format_record, selection_score
+from metalearn.runner.divergence import divergence_advice
+from metalearn.runner.evaluation import (
+    check_shot_counts,
+    evaluate_split,
+    format_record,
+    selection_score,
+)
 from metalearn.runner.experiment import Experiment, build_experiment, count_parameters
 from metalearn.runner.reporting import MetricsWriter, Progress
 from metalearn.runner.rundir import check_rerun, record_config, saved_steps
@@ -53,6 +60,9 @@ class Runner:
         self.cfg, self.workdir = cfg, workdir
         self.exp = experiment or build_experiment(cfg)
         primary = is_primary_host()
+        check_shot_counts(
+            self.exp.tasks.sample, self.exp.tasks.splits, cfg.trainer.shots, cfg.eval.shots
+        )
         self.checkpoints = CheckpointStore(
             os.path.join(workdir, "checkpoints"), cfg.trainer.keep_checkpoints, primary
         )
@@ -60,6 +70,8 @@ class Runner:
         self.loaded, self.loaded_step = "", -1  # what load_for_evaluation loaded
         self.mesh = task_mesh(cfg.trainer.shard_tasks, cfg.trainer.meta_batch_size)
         self.initial_state = replicated(self.exp.initial_state, self.mesh)
+        # A host copy: the first training call donates (deletes) the device buffers.
+        self._initial_trained = jax.device_get(trained(self.exp.initial_state))
         self.splits = replicated(self.exp.tasks.splits, self.mesh)
         meta_step = make_meta_step(
             self.exp.meta_train_step(cfg.trainer.meta_steps, self.mesh),
@@ -72,6 +84,7 @@ class Runner:
         self._meta_step = meta_step
         self._compiled: dict[int, Any] = {}
         self.compile_seconds = 0.0
+        self.pause_seconds = 0.0  # validation and checkpoint saves: with compiling, not in steps/s
         self._eval_step = make_eval_step(
             self.exp.learner,
             self.exp.tasks,
@@ -85,19 +98,25 @@ class Runner:
         return self._eval_step(trained_params, split_arrays, replicated(keys, self.mesh), shots)
 
     def train_call(self, state, num_steps: int):
-        """Run ``num_steps`` fused meta-steps; compiles (timed) on first use of a length."""
-        arrays = self.splits["train"]
-        if num_steps not in self._compiled:
-            start = time.perf_counter()
-            jitted = make_multi_step(self._meta_step, num_steps)
-            self._compiled[num_steps] = jitted.lower(state, arrays).compile()
-            self.compile_seconds += time.perf_counter() - start
-            log.info(
-                "compiled %d fused meta-step(s) in %.1f s", num_steps, time.perf_counter() - start
-            )
-        return self._compiled[num_steps](state, arrays)
+        """Run ``num_steps`` fused meta-steps; compiles (timed) on first use of a length.
 
-    def evaluate(self, trained_params, split: str, num_tasks: int, shots_list=None) -> list[dict]:
+        The first call of a new length is waited for and counted as compile time too: XLA
+        finishes preparing the program on its first run (~0.2 s for a tiny MLP on a CPU).
+        """
+        arrays = self.splits["train"]
+        if num_steps in self._compiled:
+            return self._compiled[num_steps](state, arrays)
+        start = time.perf_counter()
+        jitted = make_multi_step(self._meta_step, num_steps)
+        self._compiled[num_steps] = jitted.lower(state, arrays).compile()
+        result = jax.block_until_ready(self._compiled[num_steps](state, arrays))
+        self.compile_seconds += time.perf_counter() - start
+        log.info("compiled %d fused meta-step(s) in %.1f s", num_steps, time.perf_counter() - start)
+        return result
+
+    def evaluate(
+        self, trained_params, split: str, num_tasks: int, shots_list=None, on_chunk=None
+    ) -> list[dict]:
         """Evaluate ``trained_params`` (a :class:`~metalearn.runner.steps.Trained`)."""
         e = self.cfg.eval
         return evaluate_split(
@@ -111,21 +130,29 @@ class Runner:
             num_tasks=num_tasks,
             tasks_per_call=min(e.tasks_per_call, num_tasks),
             ways=self.exp.tasks.ways,
+            on_chunk=on_chunk,
         )
 
     def save(self, state, best_score: float) -> None:
-        step = int(state.step)
+        step, started = int(state.step), time.perf_counter()
         if not bool(all_finite(state.meta_params)):
             raise self.non_finite(step, "parameters")
         self.checkpoints.save(step, state, {"step": step, "best_score": _json_float(best_score)})
+        self.pause_seconds += time.perf_counter() - started
 
     def non_finite(self, step: int, what: str) -> NonFiniteError:
         last = self.checkpoints.newest_intact_step()
         where = f"step {last} in {self.checkpoints.directory}" if last is not None else "none yet"
+        good = self._initial_trained
+        if last is not None:
+            # Unloadable after all: the probe starts from the initial parameters.
+            with contextlib.suppress(RuntimeError):
+                good = trained(self.checkpoints.restore(self.initial_state, last)[0])
+        advice = divergence_advice(self.cfg, self.exp, self.splits["train"], self.mesh, good)
         return NonFiniteError(
             f"non-finite {what} at step {step}; nothing non-finite was saved (last intact "
-            f"checkpoint: {where}). Lower optimizer.lr or set optimizer.grad_clip_norm, then rerun "
-            f"in the same run directory to resume from it."
+            f"checkpoint: {where}). Likely cause: {advice}; then rerun in the same run "
+            "directory to resume from the last intact checkpoint."
         )
 
     def close(self) -> None:
@@ -203,7 +230,7 @@ def _train(runner: Runner, stop: StopRequest) -> dict:
     step = start_step = int(state.step)
     log.info(
         "training %s: %s on %s, %d parameters, tasks batched by %s, %d %s device(s)",
-        cfg.name,
+        cfg.run_name or cfg.name,
         cfg.algorithm.name,
         cfg.data.name,
         count_parameters(state.meta_params),
@@ -241,6 +268,7 @@ def _train(runner: Runner, stop: StopRequest) -> dict:
                 )
                 return {"interrupted": True, "step": step, "signal": stop.signum}
         train_seconds = time.perf_counter() - start_time
+        untimed = runner.compile_seconds + runner.pause_seconds
         stop.phase = "the final validation"
         best_score = _validate(runner, writer, state, best_score)
         stop.phase = "the final test evaluation"
@@ -253,7 +281,7 @@ def _train(runner: Runner, stop: StopRequest) -> dict:
         "step": step,
         "train_seconds": train_seconds,
         "compile_seconds": runner.compile_seconds,
-        "steps_per_s": (step - start_step) / max(train_seconds - runner.compile_seconds, 1e-9),
+        "steps_per_s": (step - start_step) / max(train_seconds - untimed, 1e-9),
         "task_batching": runner.exp.task_batching,
         "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
         "best_val_score": _json_float(best_score),
@@ -274,7 +302,7 @@ def _log_training(
     averaged = _average(pending)
     if not all(math.isfinite(v) for v in averaged.values()):
         raise runner.non_finite(step, f"training metrics {averaged}")
-    rate = progress.update(step, averaged)
+    rate = progress.update(step, averaged, runner.compile_seconds + runner.pause_seconds)
     writer.write(
         {
             "step": step,
@@ -297,7 +325,7 @@ def _write_json(workdir: str, name: str, value: Any) -> None:
 
 def _validate(runner: Runner, writer: MetricsWriter, state, best_score: float) -> float:
     """Evaluate on the validation split; keep the parameters if they are the best so far."""
-    cfg = runner.cfg
+    cfg, started = runner.cfg, time.perf_counter()
     log.info("validation on %d tasks at step %d", cfg.eval.val_tasks, int(state.step))
     records = runner.evaluate(trained(state), "val", cfg.eval.val_tasks, [cfg.trainer.shots])
     step = int(state.step)
@@ -306,18 +334,19 @@ def _validate(runner: Runner, writer: MetricsWriter, state, best_score: float) -
     if score > best_score:
         best_score = score
         runner.best.save(step, trained(state), {"step": step, "score": score})
+    runner.pause_seconds += time.perf_counter() - started
     return best_score
 
 
 def _final_evaluation(runner: Runner, state) -> list[dict]:
     cfg = runner.cfg
-    meta_params, chosen = trained(state), "final"
+    final, chosen = trained(state), "final"
     best = runner.best.restore_intact(trained(state)) if cfg.eval.select_best else None
     if best is not None:
-        meta_params, metadata = best
+        final, metadata = best
         chosen = f"best on validation (step {metadata['step']})"
     log.info("final evaluation on %d test tasks with the %s parameters", cfg.eval.num_tasks, chosen)
-    records = runner.evaluate(meta_params, "test", cfg.eval.num_tasks)
+    records = runner.evaluate(final, "test", cfg.eval.num_tasks)
     _write_json(runner.workdir, "eval.json", records)
     for r in records:
         log.info("test %s", format_record(r))

@@ -77,21 +77,37 @@ def _line_key(line: str) -> tuple[int, str]:
         return sys.maxsize, ""  # an unreadable (half-written) line is dropped on resume
 
 
+class _FileOnly(logging.Filter):
+    """Drops records marked ``file_only`` (per-step lines while a bar shows them on screen)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(record, "file_only", False)
+
+
 class Progress:
     """A progress bar with steps/s and loss on a terminal; plain log lines otherwise.
 
     While the bar is shown, console log records are written above it (``tqdm.write``) instead
-    of through it.
+    of through it, and the per-step lines go to the log files (``train.log``) only.
+    Steps/s count training time only: :meth:`update` takes the seconds spent on anything else
+    (compiling, validating) so far and leaves them out.
     """
 
     def __init__(self, total: int, initial: int, mode: str):
         use_bar = mode == "bar" or (mode == "auto" and sys.stderr.isatty())
         self.total = total
-        self._last_step, self._last_time = initial, time.perf_counter()
+        self._last_step, self._last_time, self._last_untimed = initial, time.perf_counter(), 0.0
         self._bar = None
+        self._console: list[logging.Handler] = []
+        self._file_only = _FileOnly()
         if use_bar:
             self._redirect = logging_redirect_tqdm(loggers=[logging.root])
             self._redirect.__enter__()
+            self._console = [
+                h for h in logging.root.handlers if not isinstance(h, logging.FileHandler)
+            ]
+            for handler in self._console:
+                handler.addFilter(self._file_only)
             self._bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
 
     def advance(self, step: int) -> None:
@@ -99,20 +115,33 @@ class Progress:
         if self._bar is not None:
             self._bar.update(step - self._bar.n)
 
-    def update(self, step: int, metrics: dict[str, float]) -> float:
-        """Report metrics at ``step``; returns steps/s since the previous report."""
+    def update(self, step: int, metrics: dict[str, float], untimed_seconds: float = 0.0) -> float:
+        """Report metrics at ``step``; returns training steps/s since the previous report.
+
+        ``untimed_seconds`` is the running total of time spent outside training steps
+        (compiling, validating); what it grew by since the previous report is left out.
+        """
         now = time.perf_counter()
-        rate = (step - self._last_step) / max(now - self._last_time, 1e-9)
-        self._last_step, self._last_time = step, now
+        elapsed = now - self._last_time - (untimed_seconds - self._last_untimed)
+        rate = (step - self._last_step) / max(elapsed, 1e-9)
+        self._last_step, self._last_time, self._last_untimed = step, now, untimed_seconds
         summary = " ".join(f"{k} {v:.4g}" for k, v in metrics.items())
         if self._bar is not None:
             self._bar.set_postfix_str(summary, refresh=False)
             self.advance(step)
-        else:
-            log.info("step %d/%d | %s | %.1f steps/s", step, self.total, summary, rate)
+        log.info(
+            "step %d/%d | %s | %.1f steps/s",
+            step,
+            self.total,
+            summary,
+            rate,
+            extra={"file_only": self._bar is not None},
+        )
         return rate
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+            for handler in self._console:
+                handler.removeFilter(self._file_only)
             self._redirect.__exit__(None, None, None)

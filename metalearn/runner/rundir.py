@@ -28,7 +28,9 @@ HYDRA_COPY = "hydra"  # under checkpoints/: the .hydra/ files of the run the rec
 # Keys that change how a run is shown or kept, never what it computes.
 IGNORED = (
     "name",
+    "run_name",
     "trainer.resume",
+    "trainer.compilation_cache",
     "trainer.progress_bar",
     "trainer.allow_changes",
     "trainer.keep_checkpoints",
@@ -45,8 +47,8 @@ def flat_config(cfg: Config) -> dict[str, Any]:
 
     >>> from metalearn.config import OptimizerConfig
     >>> flat = flat_config(Config(algorithm={}, model={}, data={}))
-    >>> flat["trainer.meta_steps"], "trainer.resume" in flat
-    (70000, False)
+    >>> flat["trainer.meta_steps"], "trainer.resume" in flat, "run_name" in flat
+    (70000, False, False)
     """
     flat: dict[str, Any] = {}
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import checkout_env
+
 TINY = ["+experiment=sinusoid_maml", "+debug=tiny"]
 ROOT = Path(__file__).resolve().parents[2]
 # Long final evaluations (one task per call), so that a signal can land inside them.
@@ -27,6 +29,7 @@ def start(run_dir: Path, *overrides: str) -> subprocess.Popen:
         stderr=subprocess.STDOUT,
         text=True,
         cwd=ROOT,
+        env=checkout_env(),
     )
 
 
@@ -94,6 +97,7 @@ def test_sweep_runs_every_job_and_summarises_failures(tmp_path):
         text=True,
         timeout=600,
         cwd=ROOT,
+        env=checkout_env(),
     )
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
@@ -117,6 +121,7 @@ def test_sweep_runs_every_job_and_summarises_failures(tmp_path):
         text=True,
         timeout=120,
         cwd=ROOT,
+        env=checkout_env(),
     )
     assert table.returncode == 0, table.stderr
     assert f"{jobs[3]}: unreadable eval.json" in table.stdout

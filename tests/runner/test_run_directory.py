@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from metalearn.runner.checkpoints import CheckpointStore
+from tests.cli import checkout_env
 from tests.conftest import restore_latest_state
 
 TINY = ["+experiment=sinusoid_maml", "+debug=tiny"]
@@ -29,6 +30,7 @@ def cli(module: str, *args: str, timeout: int = 300) -> subprocess.CompletedProc
         text=True,
         timeout=timeout,
         cwd=ROOT,
+        env=checkout_env(),
     )
 
 

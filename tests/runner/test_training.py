@@ -16,6 +16,7 @@ from metalearn.config import to_objects
 from metalearn.runner.checkpoints import CheckpointStore
 from metalearn.runner.experiment import build_experiment
 from metalearn.runner.loop import NonFiniteError, chunk_length, train_and_evaluate
+from tests.cli import REPO, checkout_env
 from tests.conftest import compose_config, restore_latest_state
 
 TINY = ["+experiment=sinusoid_maml", "+debug=tiny"]
@@ -100,6 +101,7 @@ def test_signal_saves_a_usable_checkpoint_and_resume_matches(tmp_path, signum):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env=checkout_env(),
     )
     deadline = time.time() + 120
     while time.time() < deadline and not (run_dir / "metrics.jsonl").exists():
@@ -174,6 +176,7 @@ def test_multirun_sweep_and_gather(tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
+        env=checkout_env(),
     )
     assert result.returncode == 0, result.stdout + result.stderr
     runs = sorted(p for p in sweep_dir.iterdir() if p.is_dir())
@@ -189,6 +192,8 @@ def test_multirun_sweep_and_gather(tmp_path):
         capture_output=True,
         text=True,
         timeout=60,
+        cwd=REPO,
+        env=checkout_env(),
     )
     assert table.returncode == 0, table.stderr
     assert "algorithm.inner_lr" in table.stdout and "seed" in table.stdout
@@ -227,6 +232,7 @@ def test_saved_checkpoint_is_evaluated_on_its_own(tmp_path):
         capture_output=True,
         text=True,
         timeout=180,
+        env=checkout_env(),
     )
     assert result.returncode == 0, result.stdout + result.stderr
     records = json.loads((tmp_path / "eval_latest.json").read_text())
@@ -236,5 +242,6 @@ def test_saved_checkpoint_is_evaluated_on_its_own(tmp_path):
         capture_output=True,
         text=True,
         timeout=60,
+        env=checkout_env(),
     )
     assert missing.returncode != 0 and "not found" in missing.stderr

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import checkout_env
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -28,6 +30,7 @@ def test_small_fault_campaign_ends_identical(tmp_path):
         text=True,
         timeout=1800,
         cwd=ROOT,
+        env=checkout_env(),
     )
     assert result.returncode == 0, result.stdout + result.stderr
     results = json.loads((tmp_path / "results.json").read_text())
@@ -42,6 +45,7 @@ def test_bad_counts_are_refused():
         text=True,
         timeout=120,
         cwd=ROOT,
+        env=checkout_env(),
     )
     assert result.returncode == 2
     assert result.stderr.strip() == "error: --kills and --corruptions must be >= 0"
