@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from metalearn.data.fewshot_builder import load_split_arrays
 from metalearn.data.omniglot import OmniglotVinyals
+from metalearn.runner.rundir import saved_steps
 from tests.cli import OMNIGLOT_TINY, TINY, error_line, run_cli
 from tests.conftest import compose_config
 from tests.data.fake_sources import truncate, write_omniglot
@@ -92,7 +93,9 @@ def test_eval_shots_the_data_cannot_supply_fail_before_training(fake_omniglot, t
         f"hydra.run.dir={run_dir}",
     )
     error_line(result, "eval.shots=[1, 5]", "shots=5 + data.num_queries=1 exceeds the 3", "lower")
-    assert not (run_dir / "checkpoints").exists()  # refused before any training step
+    # Refused before any training step: no checkpoint and no metrics (checkpoints/ holds only the
+    # run's config record, written when the run directory is claimed).
+    assert saved_steps(str(run_dir)) == [] and not (run_dir / "metrics.jsonl").exists()
 
 
 @pytest.mark.parametrize("seed", ["-1", str(2**32), str(2**64)])
