@@ -93,6 +93,14 @@ def verify(directory: str, required: bool = True) -> str | None:
     return None
 
 
+def _sync_hosts(tag: str) -> None:
+    """Wait for every host of a multi-host run (no-op on one host); ``tag`` names the point."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(tag)
+
+
 @contextlib.contextmanager
 def _quiet_unraisable() -> Iterator[None]:
     """Drop "Exception ignored in <coroutine>" reports while a restore attempt runs."""
@@ -146,6 +154,7 @@ class CheckpointStore:
         self._manager.wait_until_finished()
         if self.primary:
             write_manifest(self.step_dir(step))
+        _sync_hosts(f"manifest {self.directory} {step}")  # no host reads a step before it
 
     def restore(self, template: PyTree, step: int | None = None) -> tuple[PyTree, dict]:
         """Restore into the structure of ``template`` (NamedTuples included), unverified."""
@@ -198,6 +207,7 @@ class CheckpointStore:
                 break
             damaged.append((step, problem, self._move_aside(step)))
         if damaged:
+            _sync_hosts(f"moved aside {self.directory} {used}")  # the primary host moved them
             self._manager.reload()
             instead = f"using step {used} instead" if result else "no intact one is left"
             log.warning(
