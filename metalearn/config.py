@@ -2,20 +2,26 @@
 
 The top level (:class:`Config`) is typed here; the ``algorithm``, ``model`` and ``data`` groups
 are typed by the dataclasses their entries register in :mod:`metalearn.registry`, stored in
-Hydra's ConfigStore as ``<group>/<name>_schema``. So a wrong type or an unknown key fails at
-composition, with Hydra's message naming the key. :func:`validate` then checks values
-(positive rates, sensible step counts, a writable output directory) before anything compiles.
+Hydra's ConfigStore as ``<group>/<name>_schema`` (internal: the YAMLs' defaults; refused on the
+command line). An entry the package ships no ``conf/<group>/<name>.yaml`` for is also stored as
+``<group>/<name>``, so ``algorithm=NAME`` selects it with its defaults. So a wrong type or an
+unknown key fails at composition, with Hydra's message naming the key. :func:`validate` then
+checks values (positive rates, sensible step counts, a writable output directory) before
+anything compiles.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import os
 import re
 import sys
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -53,8 +59,14 @@ class TrainerConfig:
     checkpoint_every: int = 10_000
     keep_checkpoints: int = 2
     resume: bool = True  # continue from the latest checkpoint in the run directory
+    # Keys (or sections) a resumed run may change from the stored config, e.g. [trainer.meta_steps]
+    allow_changes: list[str] = dataclasses.field(default_factory=list)
     shard_tasks: bool = True  # with several devices, split each meta-batch's tasks across them
     progress_bar: str = "auto"  # auto (a TTY gets a bar) | bar | lines
+    # JAX's persistent compilation cache, so reruns and sweep jobs reuse compiled meta-steps.
+    # auto: $JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/metalearn/jax (~/.cache/...);
+    # a path: that directory; off (or null): no cache. See metalearn/runner/compilation_cache.py.
+    compilation_cache: str | None = "auto"
 
 
 @dataclasses.dataclass
@@ -91,18 +103,95 @@ class Config:
     distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
     seed: int = 0
     name: str = "run"
+    run_name: str = ""  # name plus what the command line changed (conf/config.yaml); the run dir
 
 
 GROUPS: dict[str, Registry] = {"algorithm": ALGORITHMS, "model": MODELS, "data": TASKS}
 
 
+SCHEMA_SUFFIX = "_schema"
+# Config groups whose choice on the command line becomes part of the run name.
+RUN_NAME_GROUPS = ("algorithm", "model", "data", "optimizer", "debug")
+
+
 def register_configs() -> None:
-    """Store the top-level schema and one schema per registered algorithm/model/data entry."""
+    """Store the top-level schema and one schema per registered algorithm/model/data entry.
+
+    An entry without a YAML in the package is stored under its plain name too (``group=NAME``).
+
+    Also registers the ``metalearn_run_name`` resolver used by ``run_name`` in conf/config.yaml.
+    """
+    if not OmegaConf.has_resolver("metalearn_run_name"):
+        OmegaConf.register_new_resolver("metalearn_run_name", _run_name_from_hydra)
     store = ConfigStore.instance()
     store.store(name="base_config", node=Config)
     for group, registry in GROUPS.items():
         for name in registry.names():
-            store.store(group=group, name=f"{name}_schema", node=registry.entry(name).config_cls)
+            schema = registry.entry(name).config_cls
+            store.store(group=group, name=f"{name}{SCHEMA_SUFFIX}", node=schema)
+            if not _has_yaml(group, name):  # selectable as group=NAME without a YAML
+                node = OmegaConf.structured(schema)
+                node.name = name
+                store.store(group=group, name=name, node=node)
+
+
+def _has_yaml(group: str, name: str) -> bool:
+    """Whether the package ships ``metalearn/conf/<group>/<name>.yaml``.
+
+    >>> _has_yaml("algorithm", "maml"), _has_yaml("algorithm", "no_such_algorithm")
+    (True, False)
+    """
+    return importlib.resources.files("metalearn.conf").joinpath(group, f"{name}.yaml").is_file()
+
+
+def run_name(name: str, overrides: Sequence[str]) -> str:
+    """``name`` followed by the config groups the command line chose (what actually runs).
+
+    Groups come in the order of :data:`RUN_NAME_GROUPS`; an explicit ``name=...`` is kept as given.
+
+    >>> run_name("sinusoid_maml", ["+experiment=sinusoid_maml", "algorithm=reptile", "seed=3",
+    ...                            "+debug=tiny"])
+    'sinusoid_maml-algorithm=reptile-debug=tiny'
+    >>> run_name("reptile_sinusoid", ["algorithm=reptile"])  # already in the name
+    'reptile_sinusoid'
+    >>> run_name("mine", ["name=mine", "algorithm=reptile"])
+    'mine'
+    """
+    chosen = {}
+    for override in overrides:
+        key, sep, value = override.lstrip("+~").partition("=")
+        if key == "name":
+            return name
+        if sep and value and key in RUN_NAME_GROUPS and value not in name.split("_"):
+            chosen[key] = value
+    return "-".join([name] + [f"{k}={chosen[k]}" for k in RUN_NAME_GROUPS if k in chosen])
+
+
+def _run_name_from_hydra(name: str) -> str:
+    if not HydraConfig.initialized():
+        return name
+    return run_name(name, list(HydraConfig.get().overrides.task))
+
+
+def check_group_choices(choices: Mapping[str, Any], options: Mapping[str, Sequence[str]]) -> None:
+    """Refuse a config group choice that is an internal schema entry (e.g. ``maml_schema``).
+
+    ``choices`` maps groups to the chosen option (Hydra's ``runtime.choices``), ``options``
+    maps groups to the options that exist.
+
+    >>> check_group_choices({"algorithm": "maml_schema"}, {"algorithm": ["maml", "maml_schema"]})
+    Traceback (most recent call last):
+    ...
+    ValueError: algorithm=maml_schema is an internal schema entry, not an option; use one of: maml
+    """
+    for group in GROUPS:
+        choice = choices.get(group)
+        if choice and str(choice).endswith(SCHEMA_SUFFIX):
+            public = [o for o in options.get(group, []) if not o.endswith(SCHEMA_SUFFIX)]
+            raise ValueError(
+                f"{group}={choice} is an internal schema entry, not an option; "
+                f"use one of: {', '.join(public)}"
+            )
 
 
 def to_objects(cfg: DictConfig) -> Config:
@@ -123,6 +212,7 @@ def to_objects(cfg: DictConfig) -> Config:
         distributed=section(DistributedConfig, "distributed"),
         seed=int(cfg.seed),
         name=str(cfg.name),
+        run_name=str(cfg.get("run_name") or cfg.name),
     )
     validate(top)
     return top
@@ -141,6 +231,9 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine")
 
 
+MAX_SEED = 2**32 - 1  # JAX keys are built from 32 bits of the seed: larger seeds collide
+
+
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
@@ -149,6 +242,12 @@ def _require(condition: bool, message: str) -> None:
 def validate(cfg: Config) -> None:
     """Check values the types cannot express; raise ValueError naming the key."""
     t, o, e = cfg.trainer, cfg.optimizer, cfg.eval
+    for key, seed in (("seed", cfg.seed), ("eval.seed", e.seed)):
+        _require(
+            0 <= seed <= MAX_SEED,
+            f"{key} must be an integer in [0, 2**32 - 1] (JAX keys use 32 bits of it, so other "
+            f"values collide with seeds in that range), got {seed}",
+        )
     _require(t.meta_steps >= 1, f"trainer.meta_steps must be >= 1, got {t.meta_steps}")
     _require(
         t.meta_batch_size >= 1, f"trainer.meta_batch_size must be >= 1, got {t.meta_batch_size}"
@@ -251,6 +350,7 @@ class CheckOutputDirectory(Callback):
             sys.exit(2)
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        HydraConfig.instance().set_config(config)  # as the job will: run_name needs it
         self._check(config.hydra.run.dir)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:

@@ -1,23 +1,106 @@
 """Evaluate a saved checkpoint on its own: ``python -m metalearn.evaluate RUN_DIR``.
 
 Reads ``RUN_DIR/config.yaml``, restores the best-on-validation parameters (or the latest
-checkpoint with ``--which latest``), evaluates on the test split and writes the records, in the
-``eval.json`` format, to ``RUN_DIR/eval_<which>.json`` (or ``--out``). Any evaluation setting can
-be overridden as ``key=value`` (e.g. ``eval.num_tasks=1000``).
+checkpoint with ``--which latest``, or when the run has no ``best/``: a warning says so), evaluates
+on the test split and writes the records, in the ``eval.json`` format plus ``checkpoint`` (best or
+latest) and ``checkpoint_step``, to ``RUN_DIR/eval_<best|latest>.json`` named after the checkpoint
+actually evaluated (or ``--out``). Any setting of the saved config can be overridden as
+``key=value`` (e.g. ``eval.num_tasks=1000``); an unknown key, an unreadable config or a missing
+checkpoint ends in one ``error:`` line and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import logging
 import os
 import sys
+import time
 
-from omegaconf import OmegaConf
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from tqdm import tqdm
 
-from metalearn.config import to_objects
+from metalearn.config import Config, to_objects
+from metalearn.data.sources import one_line
+from metalearn.runner.compilation_cache import enable_compilation_cache
 from metalearn.runner.evaluation import format_record
 from metalearn.runner.loop import load_for_evaluation
+
+# Keys every config.yaml written by metalearn.train holds; seed and name come last in the file,
+# so a file cut short misses them.
+REQUIRED_KEYS = ("algorithm", "model", "data", "seed", "name")
+
+
+def load_run_config(run_dir: str, overrides: list[str]) -> Config:
+    """The validated config of a run directory with ``key=value`` overrides applied.
+
+    Raises FileNotFoundError or ValueError with a one-line message: no config.yaml, an empty
+    or half-written one, an override that is not ``key=value`` or names an unknown key.
+    """
+    path = os.path.join(run_dir, "config.yaml")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} not found: is {run_dir!r} a metalearn run directory?")
+    try:
+        saved = OmegaConf.load(path)
+    except (yaml.YAMLError, OmegaConfBaseException, OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} cannot be read ({one_line(err)}); {_REWRITE}") from None
+    missing = [k for k in REQUIRED_KEYS if not isinstance(saved, DictConfig) or k not in saved]
+    if missing:
+        raise ValueError(f"{path} is empty or half-written (no {', '.join(missing)}); {_REWRITE}")
+    known = [f.name for f in dataclasses.fields(Config)]
+    for override in overrides:
+        key, sep, _ = override.partition("=")
+        if not sep or not key:
+            raise ValueError(f"override {override!r} is not key=value (e.g. eval.num_tasks=1000)")
+        if key.split(".")[0] not in known:
+            raise ValueError(
+                f"unknown key {key!r} in {override!r}; the top-level keys are {', '.join(known)}"
+            )
+    try:
+        return to_objects(OmegaConf.merge(saved, OmegaConf.from_dotlist(overrides)))
+    except OmegaConfBaseException as err:
+        message = " ".join(str(err).split("\n")[0].split())
+        raise ValueError(
+            f"{message}: check the overrides ({' '.join(overrides) or 'none'}) against the keys "
+            f"in {path}"
+        ) from None
+
+
+_REWRITE = (
+    "restore it from a copy, or recreate it by composing the training command "
+    "(python -m metalearn.train OVERRIDES --cfg job --resolve > config.yaml)"
+)
+
+
+class EvaluationProgress:
+    """A bar per shot count on a terminal, one line per shot count otherwise (on stderr)."""
+
+    def __init__(self, num_tasks: int):
+        self.num_tasks, self._bar, self._shots = num_tasks, None, None
+        self._tty, self._start = sys.stderr.isatty(), time.perf_counter()
+
+    def __call__(self, shots: int, done: int) -> None:
+        if shots != self._shots:
+            self.close()
+            self._shots = shots
+            if self._tty:
+                self._bar = tqdm(total=self.num_tasks, desc=f"test {shots} shots", unit="task")
+        if self._bar is not None:
+            self._bar.update(done - self._bar.n)
+        elif done == self.num_tasks:
+            took = time.perf_counter() - self._start
+            print(f"test {shots} shots: {done} tasks in {took:.1f} s", file=sys.stderr)
+        if done == self.num_tasks:
+            self._start = time.perf_counter()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -27,19 +110,30 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--out", default=None)
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = parser.parse_intermixed_args(argv)
-    config_path = os.path.join(args.run_dir, "config.yaml")
-    if not os.path.exists(config_path):
-        sys.exit(f"error: {config_path} not found: is {args.run_dir!r} a metalearn run directory?")
-    cfg = OmegaConf.merge(OmegaConf.load(config_path), OmegaConf.from_dotlist(args.overrides))
+    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
     try:
-        runner, meta_params = load_for_evaluation(to_objects(cfg), args.run_dir, args.which)
+        cfg = load_run_config(args.run_dir, args.overrides)
+        enable_compilation_cache(cfg.trainer.compilation_cache)
+        print(f"loading {args.run_dir} ({args.which} parameters)", file=sys.stderr)
+        runner, params = load_for_evaluation(cfg, args.run_dir, args.which)
     except (ValueError, FileNotFoundError, RuntimeError) as err:
-        sys.exit(f"error: {err}")
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    num_tasks = runner.cfg.eval.num_tasks
+    print(
+        f"evaluating on {num_tasks} test tasks at shots {cfg.eval.shots} (the first call compiles)",
+        file=sys.stderr,
+    )
+    progress = EvaluationProgress(num_tasks)
     try:
-        records = runner.evaluate(meta_params, "test", runner.cfg.eval.num_tasks)
+        records = runner.evaluate(params, "test", num_tasks, on_chunk=progress)
     finally:
+        progress.close()
         runner.close()
-    out = args.out or os.path.join(args.run_dir, f"eval_{args.which}.json")
+    print(f"evaluated the {runner.loaded} checkpoint (step {runner.loaded_step})")
+    for r in records:
+        r.update(checkpoint=runner.loaded, checkpoint_step=runner.loaded_step)
+    out = args.out or os.path.join(args.run_dir, f"eval_{runner.loaded}.json")
     with open(out, "w") as f:
         json.dump(records, f, indent=2)
     for r in records:

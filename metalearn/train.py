@@ -10,49 +10,112 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import traceback
 
 import hydra
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from metalearn.config import check_writable, exit_on_renamed_keys, register_configs, to_objects
+from metalearn.config import (
+    check_group_choices,
+    check_writable,
+    exit_on_renamed_keys,
+    register_configs,
+    to_objects,
+)
+from metalearn.data.sources import DataSourceError
+from metalearn.runner.compilation_cache import enable_compilation_cache
 from metalearn.runner.devices import initialize_distributed
-from metalearn.runner.loop import NonFiniteError, train_and_evaluate
+from metalearn.runner.loop import NonFiniteError, prepare_run_directory, train_and_evaluate
+from metalearn.runner.rundir import RunDirectoryError, restore_hydra_files
+from metalearn.runner.sweeps import record_job
 
 # The Hydra configs ship inside the package (metalearn/conf/), so a wheel install runs too.
 CONF_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
 log = logging.getLogger("metalearn")
 
 register_configs()
-# Orbax reports every save and restore at INFO through absl; keep the run log readable.
-logging.getLogger("absl").setLevel(logging.WARNING)
+# Orbax reports every save and restore at INFO through absl, and JAX opens every run with an
+# INFO line about the TPU backend it did not find; keep the run log readable.
+for _name in ("absl", "jax._src.xla_bridge"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
 
 
 def run(cfg: DictConfig, workdir: str) -> dict:
-    """Validate ``cfg``, write it resolved to ``workdir/config.yaml``, train and evaluate."""
+    """Validate ``cfg``, write it resolved to ``workdir/config.yaml``, train and evaluate.
+
+    A directory that holds a run with another config is refused before anything is written.
+    """
     config = to_objects(cfg)
+    enable_compilation_cache(config.trainer.compilation_cache)  # before any computation
     check_writable(workdir)
     d = config.distributed
     initialize_distributed(d.enabled, d.coordinator_address, d.num_processes, d.process_id)
-    with open(os.path.join(workdir, "config.yaml"), "w") as f:
+    prepare_run_directory(config, workdir)
+    path = os.path.join(workdir, "config.yaml")
+    partial = f"{path}.{os.getpid()}.tmp"  # never a half-written config.yaml (one per host)
+    with open(partial, "w") as f:
         f.write(OmegaConf.to_yaml(cfg, resolve=True))
+    os.replace(partial, path)
     return train_and_evaluate(config, workdir)
 
 
 @hydra.main(version_base=None, config_path="pkg://metalearn.conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    workdir = HydraConfig.get().runtime.output_dir
+    """One run; in a sweep (``-m``) a failing job is recorded and the sweep goes on."""
+    hydra_cfg = HydraConfig.get()
+    workdir = hydra_cfg.runtime.output_dir
+    sweep = hydra_cfg.mode == RunMode.MULTIRUN
     try:
+        check_group_choices(hydra_cfg.runtime.choices, _group_options())
         summary = run(cfg, workdir)
-    except (ValueError, FileNotFoundError, NonFiniteError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    except RunDirectoryError as err:
+        restore_hydra_files(workdir)  # Hydra rewrote .hydra/ before a sweep job could check
+        return _failed(workdir, sweep, f"error: {err}", 2)
+    except (ValueError, FileNotFoundError, NonFiniteError, DataSourceError) as err:
+        return _failed(workdir, sweep, f"error: {err}", 2)
+    except Exception as err:
+        if not sweep:
+            raise
+        message = f"error: {type(err).__name__}: {err}".splitlines()[0]
+        return _failed(workdir, sweep, message, 1, traceback.format_exc())
     if summary["interrupted"]:
-        sys.exit(128 + summary["signal"])
+        code = 128 + summary["signal"]
+        if sweep:
+            record_job(workdir, "interrupted", code, f"stopped by signal {summary['signal']}")
+        sys.exit(code)  # in a sweep, a signal stops the remaining jobs too
+    if sweep:
+        record_job(workdir, "ok")
     return summary["best_val_score"]
+
+
+def _failed(workdir: str, sweep: bool, message: str, code: int, details: str = "") -> None:
+    """Report a failed run: exit with ``code``, or in a sweep record it and let the sweep go on."""
+    print(message, file=sys.stderr)
+    if not sweep:
+        sys.exit(code)
+    record_job(workdir, "failed", code, message, details or message + "\n")
+    return None
+
+
+def _stopped_early(signum, frame) -> None:
+    """A signal before the run has started (Hydra composing the config): one line, no trace."""
+    print(f"interrupted by {signal.Signals(signum).name} before training started", file=sys.stderr)
+    sys.exit(128 + signum)
+
+
+def _group_options() -> dict[str, list[str]]:
+    """The options of each config group, as Hydra sees them (schema entries included)."""
+    loader = GlobalHydra.instance().config_loader()
+    return {g: loader.get_group_options(g) for g in ("algorithm", "model", "data")}
 
 
 if __name__ == "__main__":
     exit_on_renamed_keys(sys.argv[1:])
+    for _signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(_signum, _stopped_early)
     main()

@@ -4,8 +4,9 @@
 
 Each run directory's overrides (from ``.hydra/overrides.yaml``) become columns, then one row per
 evaluation record (metric, ways, shots, steps, mean, ci95, median, diverged, nonfinite, tasks).
-Run directories without an ``eval.json`` (unfinished or failed runs) are listed at the end, not
-silently dropped.
+Run directories without a readable ``eval.json`` (unfinished, failed or damaged runs) are listed
+at the end with the reason (the job's ``status.json`` message when it failed), not silently
+dropped.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import sys
 from pathlib import Path
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's metalearn
+from metalearn.runner.sweeps import read_status  # noqa: E402
 
 RECORD_COLUMNS = [
     "metric",
@@ -45,18 +49,35 @@ def run_overrides(run_dir: Path) -> dict[str, str]:
     return overrides
 
 
-def collect(sweep_dir: Path) -> tuple[list[dict], list[Path]]:
-    rows, unfinished = [], []
+def read_records(run_dir: Path) -> tuple[list[dict], str]:
+    """The run's eval.json records, or none and why there are none."""
+    eval_path = run_dir / "eval.json"
+    status = read_status(run_dir)
+    if status is not None and status["status"] != "ok":
+        return [], f"{status['status']}: {status['message']}"
+    if not eval_path.exists():
+        return [], "unfinished (no eval.json)"
+    try:
+        records = json.loads(eval_path.read_text())
+        if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+            raise ValueError("not a list of records")
+    except (OSError, ValueError) as err:  # json.JSONDecodeError is a ValueError
+        return [], f"unreadable eval.json ({str(err).splitlines()[0]})"
+    return records, ""
+
+
+def collect(sweep_dir: Path) -> tuple[list[dict], list[tuple[Path, str]]]:
+    """Rows of every readable run, and ``(run_dir, reason)`` for every other one."""
+    rows, missing = [], []
     run_dirs = sorted({p.parent for p in sweep_dir.rglob(".hydra")})
     for run_dir in run_dirs:
-        eval_path = run_dir / "eval.json"
-        if not eval_path.exists():
-            unfinished.append(run_dir)
+        records, reason = read_records(run_dir)
+        if reason:
+            missing.append((run_dir, reason))
             continue
         overrides = run_overrides(run_dir)
-        for record in json.loads(eval_path.read_text()):
-            rows.append({"run": run_dir.name, **overrides, **record})
-    return rows, unfinished
+        rows.extend({"run": run_dir.name, **overrides, **record} for record in records)
+    return rows, missing
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,9 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.sweep_dir.is_dir():
         print(f"error: {args.sweep_dir} is not a directory", file=sys.stderr)
         return 2
-    rows, unfinished = collect(args.sweep_dir)
+    rows, missing = collect(args.sweep_dir)
     if not rows:
-        print(f"error: no eval.json under {args.sweep_dir}", file=sys.stderr)
+        for run_dir, reason in missing:
+            print(f"{run_dir}: {reason}", file=sys.stderr)
+        print(f"error: no readable eval.json under {args.sweep_dir}", file=sys.stderr)
         return 1
     override_keys = sorted({k for r in rows for k in r} - set(RECORD_COLUMNS) - NOT_SHOWN)
     columns = ["run", *override_keys, *[c for c in RECORD_COLUMNS if any(c in r for r in rows)]]
@@ -77,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     print("  ".join(c.ljust(widths[c]) for c in columns))
     for r in rows:
         print("  ".join(_fmt(r.get(c)).ljust(widths[c]) for c in columns))
-    for run_dir in unfinished:
-        print(f"unfinished (no eval.json): {run_dir}")
+    for run_dir, reason in missing:
+        print(f"{run_dir}: {reason}")
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")

@@ -1,21 +1,22 @@
 """Prepare the few-shot image datasets in TFDS ahead of training.
 
 Optional: a run prepares its dataset on first use. This is for preparing once, e.g. on a login
-node before a sweep, or to check that a manual directory is complete.
+node before a sweep, or to check that a manual directory is complete. Settings are spelled as
+in a run (``data=NAME data.manual_dir=DIR data.data_dir=DIR``):
 
-    python scripts/prepare_data.py omniglot --manual-dir ../shared/data/omniglot
-    python scripts/prepare_data.py cifarfs fc100 --manual-dir ~/data/cifar
-    python scripts/prepare_data.py miniimagenet --manual-dir ~/mini-imagenet --data-dir /data/tfds
+    python scripts/prepare_data.py data=omniglot data.manual_dir=../shared/data/omniglot
+    python scripts/prepare_data.py data=cifarfs,fc100 data.manual_dir=~/data/cifar
+    python scripts/prepare_data.py data=miniimagenet data.manual_dir=~/mini-imagenet \\
+        data.data_dir=/data/tfds
 
-Names are the ``data=`` choices (omniglot, miniimagenet, cifarfs, fc100); ``--data-dir`` is the
-TFDS data directory (default ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``), the same as
-``data.data_dir`` in a run. Prints each split's array shape; a missing or damaged source ends in
-a one-line error and exit status 2.
+Names are the ``data=`` choices (omniglot, miniimagenet, cifarfs, fc100; several separated by
+commas); ``data.data_dir`` is the TFDS data directory (default ``$TFDS_DATA_DIR`` or
+``~/tensorflow_datasets``). Prints each split's array shape; a missing or damaged source, or an
+argument it does not know, ends in a one-line error and exit status 2.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
@@ -31,19 +32,52 @@ BUILDERS = {
     "cifarfs": CifarFs,
     "fc100": Fc100,
 }
+USAGE = "python scripts/prepare_data.py data=NAME[,NAME] [data.manual_dir=DIR] [data.data_dir=DIR]"
+KEYS = ("data", "data.manual_dir", "data.data_dir")
+
+
+def parse_args(argv: list[str]) -> dict[str, str]:
+    """``key=value`` arguments as a dict; ValueError for anything else.
+
+    >>> parse_args(["data=omniglot", "data.manual_dir=/d"])
+    {'data': 'omniglot', 'data.manual_dir': '/d'}
+    >>> parse_args(["--manual-dir", "/d"])
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown argument '--manual-dir'; usage: python scripts/prepare_data.py ...
+    """
+    settings = {}
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if not sep or key not in KEYS:
+            raise ValueError(f"unknown argument {arg!r}; usage: {USAGE}")
+        settings[key] = value
+    if not settings.get("data"):
+        raise ValueError(f"name the dataset(s) with data=; usage: {USAGE}")
+    unknown = [n for n in settings["data"].split(",") if n not in BUILDERS]
+    if unknown:
+        known = ", ".join(BUILDERS)
+        raise ValueError(f"data={settings['data']}: unknown {', '.join(unknown)}; known: {known}")
+    return settings
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="+", choices=sorted(BUILDERS))
-    parser.add_argument("--manual-dir", default=None, help="where the downloaded sources are")
-    parser.add_argument("--data-dir", default=None, help="TFDS data directory")
-    args = parser.parse_args(argv)
-    for name in args.names:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        return 0
+    try:
+        settings = parse_args(argv)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for name in settings["data"].split(","):
         start = time.perf_counter()
         try:
             arrays = load_split_arrays(
-                BUILDERS[name], data_dir=args.data_dir, manual_dir=args.manual_dir
+                BUILDERS[name],
+                data_dir=settings.get("data.data_dir") or None,
+                manual_dir=settings.get("data.manual_dir") or None,
             )
         except DataSourceError as err:
             print(f"error: {err}", file=sys.stderr)

@@ -113,7 +113,7 @@ def test_the_runner_trains_and_selects_on_the_declared_metric(tmp_path):
     cfg = to_objects(
         compose_config(
             [
-                "data=gaussian_bandit_schema",
+                "data=gaussian_bandit",
                 "model.hidden_sizes=[8]",
                 "algorithm.inner_lr=0.5",
                 "optimizer.lr=0.02",

@@ -19,6 +19,7 @@ from.
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 from collections.abc import Callable, Iterable
 
@@ -27,9 +28,10 @@ import tensorflow_datasets as tfds
 from etils import epath
 
 from metalearn.data.class_split import ClassSplit
-from metalearn.data.sources import DataSourceError
+from metalearn.data.sources import DataSourceError, one_line
 
 SPLITS = ("train", "val", "test")
+log = logging.getLogger("metalearn")
 
 
 class _SourceFile:
@@ -109,6 +111,14 @@ class FewShotBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
                 )
             yield class_name, {"images": images, "class_name": class_name}
 
+    # TFDS announces "Downloading and preparing dataset Unknown size (download: Unknown size,
+    # ...)" even when nothing is downloaded (sources in a manual directory); say what happens.
+    def _log_download_bytes(self) -> None:
+        log.info("preparing %s in %s (once: later runs reuse it)", self.name, self.data_dir)
+
+    def _log_download_done(self) -> None:
+        log.info("prepared %s in %s", self.name, self.data_dir)
+
     def manual_dir_or_none(self, dl_manager: tfds.download.DownloadManager) -> str | None:
         """The manual directory if one was given (or TFDS's default one exists), else None."""
         try:
@@ -161,13 +171,33 @@ def load_split_arrays(
             )
     if data_dir is not None:
         data_dir = os.path.expanduser(data_dir)
-    builder = builder_cls(data_dir=data_dir)
+    try:
+        builder = builder_cls(data_dir=data_dir)
+    except Exception as err:  # an unreadable dataset_info.json or features.json
+        raise _prepared_corrupt(builder_cls.name, data_dir, err) from err
     builder.download_and_prepare(
         download_config=tfds.download.DownloadConfig(manual_dir=manual_dir)
     )
     arrays = {}
     for split in splits:
-        source = builder.as_data_source(split=split)
-        records = [source[i] for i in range(len(source))]
+        try:
+            source = builder.as_data_source(split=split)
+            records = [source[i] for i in range(len(source))]
+        except Exception as err:  # Riegeli / ArrayRecord corruption, truncated shards
+            raise _prepared_corrupt(builder.name, os.fspath(builder.data_dir), err) from err
         arrays[split] = concat_classes(records, builder.name, split)
     return arrays
+
+
+def _prepared_corrupt(dataset: str, directory: str | None, err: BaseException) -> DataSourceError:
+    """The error for a prepared TFDS dataset that cannot be read back: name what to delete.
+
+    >>> print(_prepared_corrupt("demo", "/tfds/demo/1.0.0", RuntimeError("hash mismatch")))
+    demo: the prepared dataset in /tfds/demo/1.0.0 is corrupt (RuntimeError: hash mismatch); \
+delete that directory, then rerun to prepare it again
+    """
+    where = directory or f"the TFDS data directory of {dataset}"
+    return DataSourceError(
+        f"{dataset}: the prepared dataset in {where} is corrupt ({one_line(err)}); delete that "
+        "directory, then rerun to prepare it again"
+    )

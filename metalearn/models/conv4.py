@@ -31,6 +31,7 @@ fast on XLA:CPU when tasks are batched by ``vmap`` or looped over; see that modu
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import flax.linen as nn
 import jax
@@ -95,6 +96,7 @@ class Conv4(nn.Module):
     (10, 5)
     """
 
+    input_rank: ClassVar[int] = 3  # images [H, W, C]: build_model refuses other inputs
     num_outputs: int
     filters: int = 64
     downsample: str = "stride"

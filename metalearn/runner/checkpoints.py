@@ -1,46 +1,163 @@
-"""Orbax checkpoints of the training state, written atomically.
+"""Orbax checkpoints of the training state: written atomically, verified when loaded.
 
 Orbax writes each checkpoint into a temporary directory and renames it into place when it is
-complete, so a process that dies mid-write leaves only a ``*.orbax-checkpoint-tmp-*`` directory,
-which is never listed or loaded. Two managers live in a run directory: ``checkpoints/`` (the
-latest states, for resuming) and ``best/`` (the parameters that did best on validation).
+complete, so a process that dies mid-write leaves only a ``*.orbax-checkpoint-tmp-*`` directory;
+those are never loaded and are removed when the store is next opened. After orbax finishes, a
+``checksums.sha256`` manifest (one ``sha256  relative/path`` line per file) is written into the
+step directory. Loading verifies it: a checkpoint whose files were truncated, altered or deleted
+is moved aside to ``damaged/<step>-<time>/`` (never deleted) and the next older intact one is
+used. Two stores live in a run directory: ``checkpoints/`` (the latest states, for resuming) and
+``best/`` (the parameters that did best on validation).
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import hashlib
+import logging
 import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
 PyTree = Any
+MANIFEST = "checksums.sha256"
+# Written into a store before its first save: from then on a step without a manifest is a save
+# that did not finish (killed between orbax's rename and the manifest), not an older version's.
+CHECKSUMMED = "checksummed"
+DAMAGED = "damaged"
+TMP_MARKER = ".orbax-checkpoint-tmp"
+log = logging.getLogger("metalearn")
+
+
+def file_digests(directory: str) -> dict[str, str]:
+    """sha256 of every file under ``directory`` (the manifest itself excluded), by relative path.
+
+    >>> import tempfile, pathlib
+    >>> d = tempfile.mkdtemp(); _ = (pathlib.Path(d) / "a").write_text("x")
+    >>> file_digests(d)
+    {'a': '2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881'}
+    """
+    digests = {}
+    for root, _, files in os.walk(directory):
+        for name in files:
+            path = os.path.join(root, name)
+            rel = os.path.relpath(path, directory)
+            if rel == MANIFEST:
+                continue
+            with open(path, "rb") as f:
+                digests[rel] = hashlib.file_digest(f, "sha256").hexdigest()
+    return dict(sorted(digests.items()))
+
+
+def write_manifest(directory: str) -> None:
+    """Write ``directory/checksums.sha256`` atomically."""
+    lines = "".join(f"{digest}  {rel}\n" for rel, digest in file_digests(directory).items())
+    path = os.path.join(directory, MANIFEST)
+    with open(path + ".tmp", "w") as f:
+        f.write(lines)
+    os.replace(path + ".tmp", path)
+
+
+def verify(directory: str, required: bool = True) -> str | None:
+    """None if every file listed in the manifest is there unchanged, else what is wrong.
+
+    Without a manifest: wrong if ``required``; otherwise (a checkpoint of an older version) it
+    is not checked here, and loading it is the test.
+    """
+    path = os.path.join(directory, MANIFEST)
+    if not os.path.exists(path):
+        return f"no {MANIFEST}: its save did not finish" if required else None
+    expected = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                digest, rel = line.rstrip("\n").split("  ", 1)
+                if len(digest) != 64:
+                    raise ValueError(digest)
+                expected[rel] = digest
+    except (ValueError, UnicodeDecodeError):
+        return f"{MANIFEST} is unreadable"
+    actual = file_digests(directory)
+    for rel, digest in expected.items():
+        if rel not in actual:
+            return f"{rel} is missing"
+        if actual[rel] != digest:
+            return f"{rel} fails its checksum"
+    return None
+
+
+def _sync_hosts(tag: str) -> None:
+    """Wait for every host of a multi-host run (no-op on one host); ``tag`` names the point."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(tag)
+
+
+@contextlib.contextmanager
+def _quiet_unraisable() -> Iterator[None]:
+    """Drop "Exception ignored in <coroutine>" reports while a restore attempt runs."""
+    previous = sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: None
+    try:
+        yield
+    finally:
+        gc.collect()  # let the abandoned coroutines be collected while silenced
+        sys.unraisablehook = previous
 
 
 class CheckpointStore:
     """Save and restore ``(state pytree, JSON metadata)`` pairs under one directory."""
 
-    def __init__(self, directory: str, max_to_keep: int):
+    def __init__(self, directory: str, max_to_keep: int, primary: bool = True):
         self.directory = os.path.abspath(directory)
+        self.primary = primary
+        if primary:
+            self._remove_unfinished_saves()
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, enable_async_checkpointing=False, create=True
         )
         self._manager = ocp.CheckpointManager(self.directory, options=options)
 
+    def _remove_unfinished_saves(self) -> None:
+        if not os.path.isdir(self.directory):
+            return
+        stale = sorted(n for n in os.listdir(self.directory) if TMP_MARKER in n)
+        for name in stale:
+            shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+        if stale:
+            log.info("removed %d unfinished checkpoint save(s) in %s", len(stale), self.directory)
+
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
+
+    def step_dir(self, step: int) -> str:
+        return os.path.join(self.directory, str(step))
 
     def save(self, step: int, state: PyTree, metadata: dict) -> None:
         if step in self._manager.all_steps():
             return
+        if self.primary and not self._checksummed():
+            with open(os.path.join(self.directory, CHECKSUMMED), "w") as f:
+                f.write("every checkpoint here has a checksums.sha256 manifest\n")
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state), metadata=ocp.args.JsonSave(metadata)
         )
         self._manager.save(step, args=args, force=True)
         self._manager.wait_until_finished()
+        if self.primary:
+            write_manifest(self.step_dir(step))
+        _sync_hosts(f"manifest {self.directory} {step}")  # no host reads a step before it
 
     def restore(self, template: PyTree, step: int | None = None) -> tuple[PyTree, dict]:
-        """Restore into the structure of ``template`` (NamedTuples included)."""
+        """Restore into the structure of ``template`` (NamedTuples included), unverified."""
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
@@ -52,14 +169,67 @@ class CheckpointStore:
             restored = self._manager.restore(step, args=args)
         except Exception as err:  # orbax raises several types for unreadable files
             raise RuntimeError(
-                f"checkpoint {os.path.join(self.directory, str(step))} cannot be read "
-                f"({type(err).__name__}: {err}); delete it to fall back to an earlier one"
+                f"checkpoint {self.step_dir(step)} cannot be read ({type(err).__name__})"
             ) from err
         # Orbax returns NamedTuples (optax states, TrainState) as plain containers: re-impose
         # the template's tree structure on the restored leaves.
         treedef = jax.tree_util.tree_structure(template)
         state = jax.tree_util.tree_unflatten(treedef, jax.tree_util.tree_leaves(restored["state"]))
         return state, dict(restored["metadata"])
+
+    def _checksummed(self) -> bool:
+        return os.path.exists(os.path.join(self.directory, CHECKSUMMED))
+
+    def newest_intact_step(self) -> int | None:
+        """The newest step whose checksums verify (nothing is moved)."""
+        for step in sorted(self._manager.all_steps(), reverse=True):
+            if verify(self.step_dir(step), self._checksummed()) is None:
+                return step
+        return None
+
+    def restore_intact(self, template: PyTree) -> tuple[PyTree, dict] | None:
+        """The newest checkpoint that verifies and loads; damaged newer ones are moved aside.
+
+        Returns None when there is no intact checkpoint. One warning line names each damaged
+        checkpoint, where it went, and what is used instead.
+        """
+        damaged, result, used = [], None, None
+        for step in sorted(self._manager.all_steps(), reverse=True):
+            problem = verify(self.step_dir(step), self._checksummed())
+            if problem is None:
+                try:
+                    with _quiet_unraisable():  # orbax's abandoned readers, on a bad checkpoint
+                        result = self.restore(template, step)
+                except RuntimeError as err:
+                    problem = str(err.__cause__ or err).splitlines()[0][:200]
+            if result is not None:
+                used = step
+                break
+            damaged.append((step, problem, self._move_aside(step)))
+        if damaged:
+            _sync_hosts(f"moved aside {self.directory} {used}")  # the primary host moved them
+            self._manager.reload()
+            instead = f"using step {used} instead" if result else "no intact one is left"
+            log.warning(
+                "damaged checkpoint%s in %s: %s; %s",
+                "s" if len(damaged) > 1 else "",
+                self.directory,
+                "; ".join(f"step {s} ({why}) moved to {where}" for s, why, where in damaged),
+                instead,
+            )
+        return result
+
+    def _move_aside(self, step: int) -> str:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        target = os.path.join(self.directory, DAMAGED, f"{step}-{stamp}")
+        suffix = 1
+        while os.path.exists(target):
+            target = os.path.join(self.directory, DAMAGED, f"{step}-{stamp}-{suffix}")
+            suffix += 1
+        if self.primary:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.move(self.step_dir(step), target)
+        return target
 
     def close(self) -> None:
         self._manager.close()

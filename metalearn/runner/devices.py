@@ -91,10 +91,28 @@ def initialize_distributed(
         process_id,
         " from SLURM" if "SLURM_JOB_ID" in os.environ and coordinator_address is None else "",
     )
-    jax.distributed.initialize(
-        coordinator_address=coordinator_address,
-        num_processes=num_processes,
-        process_id=process_id,
+    try:
+        jax.distributed.initialize(
+            coordinator_address=coordinator_address,
+            num_processes=num_processes,
+            process_id=process_id,
+        )
+    except (ValueError, TypeError) as err:  # JAX found no cluster to fill in the unset fields
+        raise ValueError(distributed_setup_error(err)) from err
+
+
+def distributed_setup_error(err: BaseException) -> str:
+    """What to set when ``jax.distributed.initialize`` cannot start (one line).
+
+    >>> distributed_setup_error(ValueError("coordinator_address should be defined."))[:60]
+    'distributed.enabled=true but JAX could not set up the run (c'
+    """
+    env = "SLURM_JOB_ID is set" if "SLURM_JOB_ID" in os.environ else "no SLURM environment found"
+    return (
+        f"distributed.enabled=true but JAX could not set up the run ({err}; {env}); set "
+        "distributed.coordinator_address=HOST:PORT, distributed.num_processes=N and "
+        "distributed.process_id=I on every host, run under SLURM, or set "
+        "distributed.enabled=false for one host"
     )
 
 

@@ -123,6 +123,7 @@ def evaluate_split(
     tasks_per_call: int,
     ways: int | None,
     objective: Any,
+    on_chunk: Callable[[int, int], None] | None = None,
 ) -> list[dict]:
     """Evaluate on ``num_tasks`` fixed tasks per shot count; one record per (metric, shots, steps).
 
@@ -133,10 +134,12 @@ def evaluate_split(
     says which metric is a loss: its primary metric when it is minimised. That metric's column
     at 0 steps (when ``steps`` has 0) is the loss before adaptation that finite blow-ups are
     measured against; for every other metric only non-finite tasks count as diverged.
+    ``on_chunk(shots, tasks_done)``, if given, is called as each jitted call finishes (for a
+    progress bar).
     """
     loss_metric = None if objective.maximize else objective.primary_metric
     records = []
-    for shots in shots_list:
+    for shots in map(int, shots_list):
         keys = evaluation_keys(seed, split, shots, num_tasks)
         padded = -(-num_tasks // tasks_per_call) * tasks_per_call
         keys = (
@@ -144,10 +147,12 @@ def evaluate_split(
             if padded > num_tasks
             else keys
         )
-        chunks = [
-            eval_step(meta_params, split_arrays, keys[i : i + tasks_per_call], int(shots))
-            for i in range(0, padded, tasks_per_call)
-        ]
+        chunks = []
+        for i in range(0, padded, tasks_per_call):
+            chunks.append(eval_step(meta_params, split_arrays, keys[i : i + tasks_per_call], shots))
+            if on_chunk is not None:
+                jax.block_until_ready(chunks[-1])
+                on_chunk(shots, min(i + tasks_per_call, num_tasks))
         per_task = {
             name: np.concatenate([np.asarray(c[name]) for c in chunks])[:num_tasks]
             for name in chunks[0]
@@ -217,3 +222,32 @@ def format_record(record: dict) -> str:
             f" ({diverged} of {record['tasks']} tasks diverged, {record['nonfinite']} non-finite)"
         )
     return f"{head}: {record['mean']:.4f}{ci}{median}{tail}"
+
+
+def check_shot_counts(
+    sample: Callable, splits: dict, trainer_shots: int, eval_shots: Sequence[int]
+) -> None:
+    """Fail before training if the data cannot supply a shot count the run will ask for.
+
+    Traces (without computing) ``sample(split_arrays, key, shots)`` for ``trainer.shots`` on the
+    train and validation splits and for each of ``eval.shots`` on the test split; a sampler's
+    ValueError comes back naming the key to change.
+
+    >>> def sample(arrays, key, shots):
+    ...     if shots > 18:
+    ...         raise ValueError(f"shots={shots} exceeds the 20 examples per class")
+    ...     return shots
+    >>> check_shot_counts(sample, {"train": {}, "val": {}, "test": {}}, 5, [5, 50])
+    Traceback (most recent call last):
+    ...
+    ValueError: eval.shots=[5, 50]: shots=50 exceeds the 20 examples per class; lower eval.shots
+    """
+    key = jax.random.key(0)
+    wanted = [("trainer.shots", trainer_shots, s, [trainer_shots]) for s in ("train", "val")]
+    wanted += [("eval.shots", shots, "test", list(eval_shots)) for shots in eval_shots]
+    for name, shots, split, setting in wanted:
+        try:
+            jax.eval_shape(lambda k, s=split, n=shots: sample(splits[s], k, n), key)
+        except ValueError as err:
+            shown = setting if name == "eval.shots" else setting[0]
+            raise ValueError(f"{name}={shown}: {err}; lower {name}") from None

@@ -86,10 +86,20 @@ def build_optimizer(cfg: OptimizerConfig, meta_steps: int) -> optax.GradientTran
     return base
 
 
-def build_model(model_config: Any, tasks: TaskFamily) -> Model:
+def build_model(model_config: Any, tasks: TaskFamily, data_name: str = "the data") -> Model:
     """The registered model ``model_config`` names, sized for ``tasks``, with the parts its
-    registration declares (:class:`~metalearn.models.base.ModelParts`)."""
+    registration declares (:class:`~metalearn.models.base.ModelParts`).
+
+    A model that needs images (``input_rank = 3``) on other inputs is refused in one line.
+    """
     module = MODELS.build(model_config, tasks.num_outputs)
+    rank = getattr(module, "input_rank", None)
+    if rank == 3 and len(tasks.input_shape) != 3:
+        raise ValueError(
+            f"model={model_config.name} needs images (inputs [height, width, channels]) but "
+            f"data={data_name} gives inputs of shape {tuple(tasks.input_shape)}; use "
+            "model=mlp, or an image dataset (data=omniglot, miniimagenet, cifarfs or fc100)"
+        )
     parts = MODELS.entry(model_config.name).info.get("parts", ModelParts())
     return model_from_flax(module, tasks.input_shape, parts)
 
@@ -97,7 +107,7 @@ def build_model(model_config: Any, tasks: TaskFamily) -> Model:
 def build_experiment(cfg: Config) -> Experiment:
     """Everything a run needs, from a config already checked by :func:`config.validate`."""
     tasks = TASKS.build(cfg.data)
-    model = build_model(cfg.model, tasks)
+    model = build_model(cfg.model, tasks, cfg.data.name)
     objective = family_objective(tasks, model)
     learner = ALGORITHMS.build(cfg.algorithm, objective)
     optimizer = build_optimizer(cfg.optimizer, cfg.trainer.meta_steps)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -14,10 +15,17 @@ import jax
 from metalearn.config import Config
 from metalearn.runner.checkpoints import CheckpointStore
 from metalearn.runner.devices import is_primary_host, replicated, task_mesh
-from metalearn.runner.evaluation import evaluate_split, format_record, selection_score
+from metalearn.runner.divergence import divergence_advice
+from metalearn.runner.evaluation import (
+    check_shot_counts,
+    evaluate_split,
+    format_record,
+    selection_score,
+)
 from metalearn.runner.experiment import Experiment, build_experiment, count_parameters
 from metalearn.runner.reporting import MetricsWriter, Progress
-from metalearn.runner.signals import StopRequest
+from metalearn.runner.rundir import check_rerun, record_config, saved_steps
+from metalearn.runner.signals import Interrupted, StopRequest
 from metalearn.runner.steps import (
     all_finite,
     make_eval_step,
@@ -51,12 +59,19 @@ class Runner:
     def __init__(self, cfg: Config, workdir: str, experiment: Experiment | None = None):
         self.cfg, self.workdir = cfg, workdir
         self.exp = experiment or build_experiment(cfg)
-        self.checkpoints = CheckpointStore(
-            os.path.join(workdir, "checkpoints"), cfg.trainer.keep_checkpoints
+        primary = is_primary_host()
+        check_shot_counts(
+            self.exp.tasks.sample, self.exp.tasks.splits, cfg.trainer.shots, cfg.eval.shots
         )
-        self.best = CheckpointStore(os.path.join(workdir, "best"), 1)
+        self.checkpoints = CheckpointStore(
+            os.path.join(workdir, "checkpoints"), cfg.trainer.keep_checkpoints, primary
+        )
+        self.best = CheckpointStore(os.path.join(workdir, "best"), 1, primary)
+        self.loaded, self.loaded_step = "", -1  # what load_for_evaluation loaded
         self.mesh = task_mesh(cfg.trainer.shard_tasks, cfg.trainer.meta_batch_size)
         self.initial_state = replicated(self.exp.initial_state, self.mesh)
+        # A host copy: the first training call donates (deletes) the device buffers.
+        self._initial_trained = jax.device_get(trained(self.exp.initial_state))
         self.splits = replicated(self.exp.tasks.splits, self.mesh)
         meta_step = make_meta_step(
             self.exp.meta_train_step(cfg.trainer.meta_steps, self.mesh),
@@ -69,6 +84,7 @@ class Runner:
         self._meta_step = meta_step
         self._compiled: dict[int, Any] = {}
         self.compile_seconds = 0.0
+        self.pause_seconds = 0.0  # validation and checkpoint saves: with compiling, not in steps/s
         self._eval_step = make_eval_step(
             self.exp.learner,
             self.exp.tasks,
@@ -82,19 +98,25 @@ class Runner:
         return self._eval_step(trained_params, split_arrays, replicated(keys, self.mesh), shots)
 
     def train_call(self, state, num_steps: int):
-        """Run ``num_steps`` fused meta-steps; compiles (timed) on first use of a length."""
-        arrays = self.splits["train"]
-        if num_steps not in self._compiled:
-            start = time.perf_counter()
-            jitted = make_multi_step(self._meta_step, num_steps)
-            self._compiled[num_steps] = jitted.lower(state, arrays).compile()
-            self.compile_seconds += time.perf_counter() - start
-            log.info(
-                "compiled %d fused meta-step(s) in %.1f s", num_steps, time.perf_counter() - start
-            )
-        return self._compiled[num_steps](state, arrays)
+        """Run ``num_steps`` fused meta-steps; compiles (timed) on first use of a length.
 
-    def evaluate(self, trained_params, split: str, num_tasks: int, shots_list=None) -> list[dict]:
+        The first call of a new length is waited for and counted as compile time too: XLA
+        finishes preparing the program on its first run (~0.2 s for a tiny MLP on a CPU).
+        """
+        arrays = self.splits["train"]
+        if num_steps in self._compiled:
+            return self._compiled[num_steps](state, arrays)
+        start = time.perf_counter()
+        jitted = make_multi_step(self._meta_step, num_steps)
+        self._compiled[num_steps] = jitted.lower(state, arrays).compile()
+        result = jax.block_until_ready(self._compiled[num_steps](state, arrays))
+        self.compile_seconds += time.perf_counter() - start
+        log.info("compiled %d fused meta-step(s) in %.1f s", num_steps, time.perf_counter() - start)
+        return result
+
+    def evaluate(
+        self, trained_params, split: str, num_tasks: int, shots_list=None, on_chunk=None
+    ) -> list[dict]:
         """Evaluate ``trained_params`` (a :class:`~metalearn.runner.steps.Trained`)."""
         e = self.cfg.eval
         return evaluate_split(
@@ -109,21 +131,29 @@ class Runner:
             tasks_per_call=min(e.tasks_per_call, num_tasks),
             ways=self.exp.tasks.ways,
             objective=self.exp.objective,
+            on_chunk=on_chunk,
         )
 
     def save(self, state, best_score: float) -> None:
-        step = int(state.step)
+        step, started = int(state.step), time.perf_counter()
         if not bool(all_finite(state.meta_params)):
             raise self.non_finite(step, "parameters")
         self.checkpoints.save(step, state, {"step": step, "best_score": _json_float(best_score)})
+        self.pause_seconds += time.perf_counter() - started
 
     def non_finite(self, step: int, what: str) -> NonFiniteError:
-        last = self.checkpoints.latest_step()
+        last = self.checkpoints.newest_intact_step()
         where = f"step {last} in {self.checkpoints.directory}" if last is not None else "none yet"
+        good = self._initial_trained
+        if last is not None:
+            # Unloadable after all: the probe starts from the initial parameters.
+            with contextlib.suppress(RuntimeError):
+                good = trained(self.checkpoints.restore(self.initial_state, last)[0])
+        advice = divergence_advice(self.cfg, self.exp, self.splits["train"], self.mesh, good)
         return NonFiniteError(
-            f"non-finite {what} at step {step}; nothing non-finite was saved (last good "
-            f"checkpoint: {where}). Lower optimizer.lr or set optimizer.grad_clip_norm, then rerun "
-            f"in the same run directory to resume from it."
+            f"non-finite {what} at step {step}; nothing non-finite was saved (last intact "
+            f"checkpoint: {where}). Likely cause: {advice}; then rerun in the same run "
+            "directory to resume from the last intact checkpoint."
         )
 
     def close(self) -> None:
@@ -149,31 +179,59 @@ def train_and_evaluate(cfg: Config, workdir: str) -> dict:
     and ``summary.json``. Returns the summary; ``summary["interrupted"]`` is true when a signal
     stopped the run (a checkpoint was saved first).
     """
+    prepare_run_directory(cfg, workdir)
+    with StopRequest() as stop:
+        try:
+            runner = Runner(cfg, workdir)
+            try:
+                return _train(runner, stop)
+            finally:
+                runner.close()
+        except Interrupted as err:
+            steps = saved_steps(workdir)
+            saved = f"checkpoint of step {max(steps)} is saved" if steps else "nothing is saved yet"
+            log.warning(
+                "%s during %s: the %s; rerun with hydra.run.dir=%s to resume",
+                err,
+                stop.phase,
+                saved,
+                workdir,
+            )
+            return {"interrupted": True, "step": max(steps, default=0), "signal": err.signum}
+
+
+def prepare_run_directory(cfg: Config, workdir: str) -> None:
+    """Refuse a config that must not run in ``workdir`` (RunDirectoryError), then record it."""
     os.makedirs(workdir, exist_ok=True)
-    runner = Runner(cfg, workdir)
-    try:
-        return _train(runner)
-    finally:
-        runner.close()
+    changed = check_rerun(cfg, workdir)
+    if changed:
+        log.warning(
+            "resuming with changed settings (allowed by trainer.allow_changes): %s",
+            ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()),
+        )
+    if is_primary_host():
+        record_config(cfg, workdir, changed)
 
 
 def _restore(runner: Runner):
     state, best_score = runner.initial_state, -math.inf
-    if runner.cfg.trainer.resume and runner.checkpoints.latest_step() is not None:
-        state, metadata = runner.checkpoints.restore(state)
+    restored = runner.checkpoints.restore_intact(state) if runner.cfg.trainer.resume else None
+    if restored is not None:
+        state, metadata = restored
         if metadata.get("best_score") is not None:
             best_score = float(metadata["best_score"])
         log.info("resumed from step %d (%s)", int(state.step), runner.checkpoints.directory)
     return state, best_score
 
 
-def _train(runner: Runner) -> dict:
+def _train(runner: Runner, stop: StopRequest) -> dict:
     cfg, t = runner.cfg, runner.cfg.trainer
+    stop.phase = "the restore of the checkpoint"
     state, best_score = _restore(runner)
     step = start_step = int(state.step)
     log.info(
         "training %s: %s on %s, %d parameters, tasks batched by %s, %d %s device(s)",
-        cfg.name,
+        cfg.run_name or cfg.name,
         cfg.algorithm.name,
         cfg.data.name,
         count_parameters(state.meta_params),
@@ -185,7 +243,8 @@ def _train(runner: Runner) -> dict:
     progress = Progress(t.meta_steps, step, t.progress_bar)
     start_time, pending = time.perf_counter(), []
     try:
-        with StopRequest() as stop:
+        stop.phase = "training"
+        with stop.deferred():
             while step < t.meta_steps and not stop.requested:
                 n = chunk_length(step, cfg, runner.exp.steps_per_call)
                 state, metrics = runner.train_call(state, n)
@@ -210,7 +269,10 @@ def _train(runner: Runner) -> dict:
                 )
                 return {"interrupted": True, "step": step, "signal": stop.signum}
         train_seconds = time.perf_counter() - start_time
+        untimed = runner.compile_seconds + runner.pause_seconds
+        stop.phase = "the final validation"
         best_score = _validate(runner, writer, state, best_score)
+        stop.phase = "the final test evaluation"
         records = _final_evaluation(runner, state)
     finally:
         progress.close()
@@ -220,7 +282,7 @@ def _train(runner: Runner) -> dict:
         "step": step,
         "train_seconds": train_seconds,
         "compile_seconds": runner.compile_seconds,
-        "steps_per_s": (step - start_step) / max(train_seconds - runner.compile_seconds, 1e-9),
+        "steps_per_s": (step - start_step) / max(train_seconds - untimed, 1e-9),
         "task_batching": runner.exp.task_batching,
         "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
         "best_val_score": _json_float(best_score),
@@ -241,7 +303,7 @@ def _log_training(
     averaged = _average(pending)
     if not all(math.isfinite(v) for v in averaged.values()):
         raise runner.non_finite(step, f"training metrics {averaged}")
-    rate = progress.update(step, averaged)
+    rate = progress.update(step, averaged, runner.compile_seconds + runner.pause_seconds)
     writer.write(
         {
             "step": step,
@@ -264,7 +326,8 @@ def _write_json(workdir: str, name: str, value: Any) -> None:
 
 def _validate(runner: Runner, writer: MetricsWriter, state, best_score: float) -> float:
     """Evaluate on the validation split; keep the parameters if they are the best so far."""
-    cfg = runner.cfg
+    cfg, started = runner.cfg, time.perf_counter()
+    log.info("validation on %d tasks at step %d", cfg.eval.val_tasks, int(state.step))
     records = runner.evaluate(trained(state), "val", cfg.eval.val_tasks, [cfg.trainer.shots])
     step = int(state.step)
     writer.write({"step": step, "split": "val", "eval": records})
@@ -272,17 +335,19 @@ def _validate(runner: Runner, writer: MetricsWriter, state, best_score: float) -
     if score > best_score:
         best_score = score
         runner.best.save(step, trained(state), {"step": step, "score": score})
+    runner.pause_seconds += time.perf_counter() - started
     return best_score
 
 
 def _final_evaluation(runner: Runner, state) -> list[dict]:
     cfg = runner.cfg
-    meta_params, chosen = trained(state), "final"
-    if cfg.eval.select_best and runner.best.latest_step() is not None:
-        meta_params, metadata = runner.best.restore(trained(state))
+    final, chosen = trained(state), "final"
+    best = runner.best.restore_intact(trained(state)) if cfg.eval.select_best else None
+    if best is not None:
+        final, metadata = best
         chosen = f"best on validation (step {metadata['step']})"
     log.info("final evaluation on %d test tasks with the %s parameters", cfg.eval.num_tasks, chosen)
-    records = runner.evaluate(meta_params, "test", cfg.eval.num_tasks)
+    records = runner.evaluate(final, "test", cfg.eval.num_tasks)
     _write_json(runner.workdir, "eval.json", records)
     for r in records:
         log.info("test %s", format_record(r))
@@ -290,14 +355,25 @@ def _final_evaluation(runner: Runner, state) -> list[dict]:
 
 
 def load_for_evaluation(cfg: Config, workdir: str, which: str = "best") -> tuple[Runner, Any]:
-    """A runner and saved meta-parameters (``best`` or ``latest``) from a run directory."""
+    """A runner and saved meta-parameters (``best`` or ``latest``) from a run directory.
+
+    Without an intact ``best/`` checkpoint, the latest one is loaded instead, with a warning.
+    ``runner.loaded`` says which: ``"best"`` or ``"latest"``, and ``runner.loaded_step``.
+    """
     runner = Runner(cfg, workdir)
     template = runner.initial_state
-    if which == "best" and runner.best.latest_step() is not None:
-        params, _ = runner.best.restore(trained(template))
-        return runner, params
-    if runner.checkpoints.latest_step() is None:
+    if which == "best":
+        best = runner.best.restore_intact(trained(template))
+        if best is not None:
+            runner.loaded, runner.loaded_step = "best", int(best[1]["step"])
+            return runner, best[0]
+        log.warning(
+            "no best-on-validation checkpoint in %s (validation off?): the latest is used",
+            runner.best.directory,
+        )
+    latest = runner.checkpoints.restore_intact(template)
+    if latest is None:
         runner.close()
         raise FileNotFoundError(f"no checkpoint in {workdir}: nothing to evaluate")
-    state, _ = runner.checkpoints.restore(template)
-    return runner, trained(state)
+    runner.loaded, runner.loaded_step = "latest", int(latest[0].step)
+    return runner, trained(latest[0])

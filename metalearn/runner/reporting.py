@@ -18,8 +18,9 @@ log = logging.getLogger("metalearn")
 class MetricsWriter:
     """Appends one JSON object per logged step to ``metrics.jsonl`` and mirrors scalars to TB.
 
-    On resume, lines from steps after the restored checkpoint are dropped, so the file always
-    describes one consistent run.
+    On resume, lines from steps after the restored checkpoint are dropped, and a record for a
+    (step, split) already in the file replaces it (the final validation of a run interrupted
+    during its test evaluation is redone), so the file always describes one consistent run.
     """
 
     def __init__(self, workdir: str, resume_step: int = 0, enabled: bool = True):
@@ -27,21 +28,30 @@ class MetricsWriter:
         self.path = os.path.join(workdir, "metrics.jsonl")
         if not enabled:  # not the primary host of a multi-host run
             return
+        kept: list[str] = []
         if resume_step > 0 and os.path.exists(self.path):
             with open(self.path) as f:
-                kept = [line for line in f if _line_step(line) <= resume_step]
-            with open(self.path, "w") as f:
-                f.writelines(kept)
-        elif os.path.exists(self.path):
-            os.remove(self.path)
+                kept = [line for line in f if _line_key(line)[0] <= resume_step]
+        self._keys = {_line_key(line) for line in kept}
+        self._rewrite(kept)
+        purge = resume_step + 1 if resume_step else None  # TB drops its events after the step
+        self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=purge)
+
+    def _rewrite(self, lines: list[str]) -> None:
+        with open(self.path + ".tmp", "w") as f:
+            f.writelines(lines)
+        os.replace(self.path + ".tmp", self.path)
         self._file = open(self.path, "a")  # noqa: SIM115  (closed in close())
-        self._tb = SummaryWriter(
-            os.path.join(workdir, "tensorboard"), purge_step=resume_step or None
-        )
 
     def write(self, record: dict) -> None:
         if not self.enabled:
             return
+        key = (int(record["step"]), str(record.get("split")))
+        if key in self._keys:  # redone after a resume: replace the earlier record
+            self._file.close()
+            with open(self.path) as f:
+                self._rewrite([line for line in f if _line_key(line) != key])
+        self._keys.add(key)
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         step = record["step"]
@@ -58,28 +68,46 @@ class MetricsWriter:
             self._tb.close()
 
 
-def _line_step(line: str) -> int:
+def _line_key(line: str) -> tuple[int, str]:
+    """``(step, split)`` of a metrics.jsonl line; an unreadable one sorts after every step."""
     try:
-        return int(json.loads(line)["step"])
+        record = json.loads(line)
+        return int(record["step"]), str(record.get("split"))
     except (ValueError, KeyError, TypeError):
-        return sys.maxsize  # an unreadable (half-written) line is dropped on resume
+        return sys.maxsize, ""  # an unreadable (half-written) line is dropped on resume
+
+
+class _FileOnly(logging.Filter):
+    """Drops records marked ``file_only`` (per-step lines while a bar shows them on screen)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(record, "file_only", False)
 
 
 class Progress:
     """A progress bar with steps/s and loss on a terminal; plain log lines otherwise.
 
     While the bar is shown, console log records are written above it (``tqdm.write``) instead
-    of through it.
+    of through it, and the per-step lines go to the log files (``train.log``) only.
+    Steps/s count training time only: :meth:`update` takes the seconds spent on anything else
+    (compiling, validating) so far and leaves them out.
     """
 
     def __init__(self, total: int, initial: int, mode: str):
         use_bar = mode == "bar" or (mode == "auto" and sys.stderr.isatty())
         self.total = total
-        self._last_step, self._last_time = initial, time.perf_counter()
+        self._last_step, self._last_time, self._last_untimed = initial, time.perf_counter(), 0.0
         self._bar = None
+        self._console: list[logging.Handler] = []
+        self._file_only = _FileOnly()
         if use_bar:
             self._redirect = logging_redirect_tqdm(loggers=[logging.root])
             self._redirect.__enter__()
+            self._console = [
+                h for h in logging.root.handlers if not isinstance(h, logging.FileHandler)
+            ]
+            for handler in self._console:
+                handler.addFilter(self._file_only)
             self._bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
 
     def advance(self, step: int) -> None:
@@ -87,20 +115,33 @@ class Progress:
         if self._bar is not None:
             self._bar.update(step - self._bar.n)
 
-    def update(self, step: int, metrics: dict[str, float]) -> float:
-        """Report metrics at ``step``; returns steps/s since the previous report."""
+    def update(self, step: int, metrics: dict[str, float], untimed_seconds: float = 0.0) -> float:
+        """Report metrics at ``step``; returns training steps/s since the previous report.
+
+        ``untimed_seconds`` is the running total of time spent outside training steps
+        (compiling, validating); what it grew by since the previous report is left out.
+        """
         now = time.perf_counter()
-        rate = (step - self._last_step) / max(now - self._last_time, 1e-9)
-        self._last_step, self._last_time = step, now
+        elapsed = now - self._last_time - (untimed_seconds - self._last_untimed)
+        rate = (step - self._last_step) / max(elapsed, 1e-9)
+        self._last_step, self._last_time, self._last_untimed = step, now, untimed_seconds
         summary = " ".join(f"{k} {v:.4g}" for k, v in metrics.items())
         if self._bar is not None:
             self._bar.set_postfix_str(summary, refresh=False)
             self.advance(step)
-        else:
-            log.info("step %d/%d | %s | %.1f steps/s", step, self.total, summary, rate)
+        log.info(
+            "step %d/%d | %s | %.1f steps/s",
+            step,
+            self.total,
+            summary,
+            rate,
+            extra={"file_only": self._bar is not None},
+        )
         return rate
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+            for handler in self._console:
+                handler.removeFilter(self._file_only)
             self._redirect.__exit__(None, None, None)

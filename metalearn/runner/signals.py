@@ -1,41 +1,95 @@
-"""SIGINT/SIGTERM: finish the current step, save a checkpoint, exit cleanly."""
+"""SIGINT/SIGTERM anywhere in a run: stop cleanly, say what was saved, never a traceback.
+
+Inside :meth:`StopRequest.deferred` (the training loop) a signal sets a flag: the loop finishes
+its current call, saves a checkpoint and returns. Anywhere else (start-up, compilation, the final
+validation and test evaluation) the signal raises :class:`Interrupted` at once; the caller reports
+the latest saved checkpoint. A second signal while the first is being handled ends the process
+at once with exit status ``128 + signal``.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
+import sys
 import threading
+from collections.abc import Iterator
 
 log = logging.getLogger("metalearn")
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(BaseException):
+    """A SIGINT or SIGTERM arrived outside the training loop.
+
+    A BaseException, like KeyboardInterrupt, so that no ``except Exception`` on the way (logging
+    swallows errors raised while it writes) can catch it.
+
+    >>> Interrupted(15).exit_code, Interrupted(2).name
+    (143, 'SIGINT')
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
 
 
 class StopRequest:
-    """Context manager that turns SIGINT/SIGTERM into a flag checked between steps.
+    """Context manager: SIGINT/SIGTERM become a flag (in ``deferred()``) or :class:`Interrupted`.
 
-    A second SIGINT while stopping raises ``KeyboardInterrupt`` at once (no checkpoint).
-    Outside the main thread (where handlers cannot be installed) it does nothing.
+    ``phase`` names what the run is doing, for the message. Outside the main thread (where
+    handlers cannot be installed) it does nothing.
     """
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.phase = "start-up"
+        self._deferring = False
+        self._raised = False
         self._previous: dict[int, object] = {}
 
     @property
     def requested(self) -> bool:
         return self.signum is not None
 
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[StopRequest]:
+        """Within this block a signal only sets ``requested``; the loop checks it."""
+        self._deferring = True
+        try:
+            yield self
+        finally:
+            self._deferring = False
+
     def _handle(self, signum, frame) -> None:
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
+        if self._raised or (self.signum is not None and signum == signal.SIGINT):
+            # Already stopping and asked again: leave now, in one line.
+            print(f"{signal.Signals(signum).name} again: exiting at once", file=sys.stderr)
+            os._exit(128 + signum)
+        if self._deferring and self.signum is None:
+            self.signum = signum
+            log.warning(
+                "received %s: stopping after the current step and saving a checkpoint",
+                signal.Signals(signum).name,
+            )
+            return
         self.signum = signum
-        log.warning(
-            "received %s: stopping after the current step and saving a checkpoint",
-            signal.Signals(signum).name,
-        )
+        self._raised = True
+        raise Interrupted(signum)
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
+            for signum in SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 

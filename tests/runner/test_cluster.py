@@ -7,6 +7,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from metalearn.train import CONF_DIR
+from tests.cli import checkout_env
 
 
 def test_slurm_launcher_config_composes():
@@ -38,6 +39,7 @@ def test_sweep_through_submitit_runs_each_job(tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
+        env=checkout_env(),
     )
     assert result.returncode == 0, result.stdout + result.stderr
     runs = sorted(p for p in tmp_path.iterdir() if p.is_dir() and not p.name.startswith("."))

@@ -9,6 +9,7 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 from metalearn.config import to_objects
 from metalearn.runner.experiment import build_experiment
+from tests.cli import checkout_env
 from tests.conftest import EXPERIMENTS, compose_config
 
 
@@ -85,6 +86,7 @@ def run_cli(*overrides, timeout=120):
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=checkout_env(),
     )
 
 
@@ -156,6 +158,7 @@ def test_renamed_keys_fail_naming_the_new_key(old, new):
         capture_output=True,
         text=True,
         timeout=120,
+        env=checkout_env(),
     )
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: {old.split('=')[0]} was renamed {new}"

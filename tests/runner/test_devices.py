@@ -11,6 +11,7 @@ import sys
 import jax
 import numpy as np
 
+from tests.cli import checkout_env
 from tests.conftest import restore_latest_state
 
 TINY = [
@@ -29,7 +30,7 @@ def train(run_dir, *overrides, devices=1, timeout=240):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env=env,
+        env=checkout_env(env),
     )
 
 

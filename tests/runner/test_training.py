@@ -16,6 +16,7 @@ from metalearn.config import to_objects
 from metalearn.runner.checkpoints import CheckpointStore
 from metalearn.runner.experiment import build_experiment
 from metalearn.runner.loop import NonFiniteError, chunk_length, train_and_evaluate
+from tests.cli import REPO, checkout_env
 from tests.conftest import compose_config, restore_latest_state
 
 TINY = ["+experiment=sinusoid_maml", "+debug=tiny"]
@@ -70,7 +71,7 @@ def test_chunks_never_cross_a_boundary():
 
 def test_resumed_run_reaches_the_same_parameters(tmp_path):
     overrides = ["trainer.meta_steps=12", "trainer.checkpoint_every=4", "trainer.eval_every=0"]
-    cfg = tiny_config(*overrides)
+    cfg = tiny_config(*overrides, "trainer.allow_changes=[trainer.meta_steps]")
     train_and_evaluate(cfg, str(tmp_path / "straight"))
     # Interrupted after 8 steps (a shorter run), then resumed with the full config.
     short = tiny_config(*overrides[1:], "trainer.meta_steps=8")
@@ -111,6 +112,7 @@ def test_signal_saves_a_usable_checkpoint_and_resume_matches(tmp_path, signum):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env=checkout_env(),
     )
     deadline = time.time() + 120
     while time.time() < deadline and not (run_dir / "metrics.jsonl").exists():
@@ -135,6 +137,7 @@ def test_signal_saves_a_usable_checkpoint_and_resume_matches(tmp_path, signum):
         "trainer.log_every=10",
         "trainer.checkpoint_every=50000",
         "trainer.eval_every=0",
+        "trainer.allow_changes=[trainer.meta_steps]",
     )
     train_and_evaluate(finish, str(run_dir))
     train_and_evaluate(finish, str(tmp_path / "straight"))
@@ -184,6 +187,7 @@ def test_multirun_sweep_and_gather(tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
+        env=checkout_env(),
     )
     assert result.returncode == 0, result.stdout + result.stderr
     runs = sorted(p for p in sweep_dir.iterdir() if p.is_dir())
@@ -199,6 +203,8 @@ def test_multirun_sweep_and_gather(tmp_path):
         capture_output=True,
         text=True,
         timeout=60,
+        cwd=REPO,
+        env=checkout_env(),
     )
     assert table.returncode == 0, table.stderr
     assert "algorithm.inner_lr" in table.stdout and "seed" in table.stdout
@@ -239,6 +245,7 @@ def test_saved_checkpoint_is_evaluated_on_its_own(tmp_path):
         capture_output=True,
         text=True,
         timeout=180,
+        env=checkout_env(),
     )
     assert result.returncode == 0, result.stdout + result.stderr
     records = json.loads((tmp_path / "eval_latest.json").read_text())
@@ -248,5 +255,6 @@ def test_saved_checkpoint_is_evaluated_on_its_own(tmp_path):
         capture_output=True,
         text=True,
         timeout=60,
+        env=checkout_env(),
     )
     assert missing.returncode != 0 and "not found" in missing.stderr

@@ -1,0 +1,63 @@
+"""JAX's persistent compilation cache, on by default: reruns and sweep jobs skip recompiling.
+
+``trainer.compilation_cache`` picks the directory: ``auto`` (the default) is
+``$JAX_COMPILATION_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/metalearn/jax``, else
+``~/.cache/metalearn/jax``; any other string is a directory; ``off`` or null disables the cache.
+JAX caches programs whose compilation took at least
+``jax_persistent_cache_min_compile_time_secs`` (1 s by default; the environment variable
+``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`` changes it), so only the expensive meta-steps
+and evaluation steps are stored. It must be set up before the first computation of the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import jax
+
+log = logging.getLogger("metalearn")
+
+OFF = ("off", "none", "false", "")
+
+
+def cache_directory(setting: str | None, environ: dict[str, str] | None = None) -> str | None:
+    """The cache directory for a ``trainer.compilation_cache`` setting, or None when off.
+
+    >>> cache_directory("auto", {"XDG_CACHE_HOME": "/xdg"})
+    '/xdg/metalearn/jax'
+    >>> cache_directory("auto", {"JAX_COMPILATION_CACHE_DIR": "/c", "XDG_CACHE_HOME": "/xdg"})
+    '/c'
+    >>> cache_directory("/scratch/jax", {}), cache_directory("off", {}), cache_directory(None, {})
+    ('/scratch/jax', None, None)
+    """
+    environ = os.environ if environ is None else environ
+    if setting is None or setting.strip().lower() in OFF:
+        return None
+    if setting != "auto":
+        return os.path.expanduser(setting)
+    if environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return environ["JAX_COMPILATION_CACHE_DIR"]
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "metalearn", "jax")
+
+
+def enable_compilation_cache(setting: str | None) -> str | None:
+    """Point JAX's persistent cache at the directory of ``setting`` (or turn it off).
+
+    Returns the directory in use, or None. A directory that cannot be created turns the cache
+    off rather than failing the run.
+    """
+    directory = cache_directory(setting)
+    if directory is not None:
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as err:
+            log.warning("compilation cache off: cannot create %s (%s)", directory, err.strerror)
+            directory = None
+    if directory is None:
+        jax.config.update("jax_enable_compilation_cache", False)
+        return None
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_compilation_cache_dir", directory)
+    return directory

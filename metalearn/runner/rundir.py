@@ -1,0 +1,186 @@
+"""One run per directory: a rerun may resume it, never silently mix another config into it.
+
+The resolved config of a run is stored with its checkpoints (``checkpoints/config.json``: the
+flattened config, its sha256 fingerprint and the history of allowed changes), with a copy of
+Hydra's ``.hydra/`` files. Before a rerun in the same directory writes anything, its config is
+compared with the stored one: a difference is refused in one line naming the keys, unless each
+differing key is listed in ``trainer.allow_changes`` (e.g. ``[trainer.meta_steps]`` to train
+longer). ``trainer.resume=false`` in a directory that holds a run is refused too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import sys
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from metalearn.config import Config, to_objects
+
+RECORD = "config.json"  # under checkpoints/
+HYDRA_COPY = "hydra"  # under checkpoints/: the .hydra/ files of the run the record describes
+# Keys that change how a run is shown or kept, never what it computes.
+IGNORED = (
+    "name",
+    "run_name",
+    "trainer.resume",
+    "trainer.compilation_cache",
+    "trainer.progress_bar",
+    "trainer.allow_changes",
+    "trainer.keep_checkpoints",
+    "distributed",
+)
+
+
+class RunDirectoryError(ValueError):
+    """The run directory holds a run that this config must not continue or replace."""
+
+
+def flat_config(cfg: Config) -> dict[str, Any]:
+    """The config as ``{"dotted.key": value}``, JSON values, without the IGNORED keys.
+
+    >>> from metalearn.config import OptimizerConfig
+    >>> flat = flat_config(Config(algorithm={}, model={}, data={}))
+    >>> flat["trainer.meta_steps"], "trainer.resume" in flat, "run_name" in flat
+    (70000, False, False)
+    """
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict) and value:
+            for key, item in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), item)
+        elif not _matches(prefix, IGNORED):
+            flat[prefix] = value
+
+    walk("", json.loads(json.dumps(dataclasses.asdict(cfg))))
+    return flat
+
+
+def fingerprint(flat: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(flat, sort_keys=True).encode()).hexdigest()
+
+
+def _matches(key: str, patterns) -> bool:
+    return any(key == p or key.startswith(p + ".") for p in patterns)
+
+
+def saved_steps(workdir: str) -> list[int]:
+    """Steps of the checkpoints (``checkpoints/`` and ``best/``) in a run directory."""
+    steps = []
+    for store in ("checkpoints", "best"):
+        path = os.path.join(workdir, store)
+        if os.path.isdir(path):
+            steps += [int(n) for n in os.listdir(path) if n.isdigit()]
+    return sorted(steps)
+
+
+def _stored_config(workdir: str) -> dict[str, Any] | None:
+    record = os.path.join(workdir, "checkpoints", RECORD)
+    if os.path.exists(record):
+        with open(record) as f:
+            return json.load(f)["config"]
+    legacy = os.path.join(workdir, "config.yaml")  # a run saved before fingerprints existed
+    if os.path.exists(legacy):
+        try:
+            return flat_config(to_objects(OmegaConf.load(legacy)))
+        except Exception:  # unreadable: nothing to compare with
+            return None
+    return None
+
+
+def differences(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{key: (old, new)}`` for every key whose value differs (absent counts as None)."""
+    keys = sorted(set(old) | set(new))
+    return {k: (old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)}
+
+
+def check_rerun(cfg: Config, workdir: str) -> dict[str, tuple[Any, Any]]:
+    """Raise RunDirectoryError if ``cfg`` must not run in ``workdir``; return allowed changes."""
+    steps = saved_steps(workdir)
+    if not steps and not os.path.exists(os.path.join(workdir, "eval.json")):
+        return {}  # nothing saved yet: a fresh start cannot mix anything
+    held = f"checkpoints up to step {max(steps)}" if steps else "a finished evaluation"
+    if not cfg.trainer.resume:
+        raise RunDirectoryError(
+            f"{workdir} already holds a run ({held}) and trainer.resume=false would mix a new "
+            f"run into it: choose a new hydra.run.dir, or drop trainer.resume=false to resume"
+        )
+    stored = _stored_config(workdir)
+    if stored is None:
+        return {}
+    changed = differences(stored, flat_config(cfg))
+    refused = {k: v for k, v in changed.items() if not _matches(k, cfg.trainer.allow_changes)}
+    if refused:
+        items = list(refused.items())[:5]
+        shown = ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in items)
+        more = f" and {len(refused) - 5} more" if len(refused) > 5 else ""
+        keys = ",".join(refused)
+        raise RunDirectoryError(
+            f"{workdir} holds a run ({held}) with a different config: {shown}{more}. Nothing "
+            f"was changed. Rerun with its settings to resume, choose a new hydra.run.dir, or "
+            f"accept the change with 'trainer.allow_changes=[{keys}]'"
+        )
+    return changed
+
+
+def _show(value: Any) -> str:
+    return "(absent)" if value is None else json.dumps(value)
+
+
+def record_config(cfg: Config, workdir: str, changed: dict[str, tuple[Any, Any]]) -> None:
+    """Store ``cfg`` (and Hydra's files) with the checkpoints, noting allowed changes."""
+    directory = os.path.join(workdir, "checkpoints")
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, RECORD)
+    history = []
+    if os.path.exists(path) and changed:
+        with open(path) as f:
+            history = json.load(f).get("changes", [])
+        steps = saved_steps(workdir)
+        history.append({"from_step": max(steps) if steps else 0, "changed": changed})
+    elif os.path.exists(path):
+        with open(path) as f:
+            history = json.load(f).get("changes", [])
+    flat = flat_config(cfg)
+    record = {"fingerprint": fingerprint(flat), "config": flat, "changes": history}
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f, indent=1)
+    os.replace(path + ".tmp", path)
+    hydra_dir = os.path.join(workdir, ".hydra")
+    if os.path.isdir(hydra_dir):
+        shutil.copytree(hydra_dir, os.path.join(directory, HYDRA_COPY), dirs_exist_ok=True)
+
+
+def restore_hydra_files(workdir: str) -> None:
+    """Put back the ``.hydra/`` files of the stored run (after Hydra overwrote them)."""
+    saved = os.path.join(workdir, "checkpoints", HYDRA_COPY)
+    if os.path.isdir(saved):
+        shutil.copytree(saved, os.path.join(workdir, ".hydra"), dirs_exist_ok=True)
+
+
+class GuardRunDirectory(Callback):
+    """Hydra callback: refuse a conflicting rerun before Hydra writes into the run directory.
+
+    (Sweep jobs are checked by the task itself, which puts ``.hydra/`` back when it refuses.)
+    """
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        workdir = os.path.abspath(str(config.hydra.run.dir))
+        if not os.path.isdir(workdir):
+            return
+        try:
+            cfg = to_objects(config)
+        except Exception:  # an invalid config: the task reports it in its own words
+            return
+        try:
+            check_rerun(cfg, workdir)
+        except RunDirectoryError as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)

@@ -1,0 +1,129 @@
+"""SIGTERM/Ctrl-C anywhere end in one line and a resumable run; a sweep runs every job."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cli import checkout_env
+
+TINY = ["+experiment=sinusoid_maml", "+debug=tiny"]
+ROOT = Path(__file__).resolve().parents[2]
+# Long final evaluations (one task per call), so that a signal can land inside them.
+SLOW_EVAL = [
+    "trainer.eval_every=0",
+    "eval.val_tasks=1500",
+    "eval.num_tasks=1500",
+    "eval.tasks_per_call=1",
+]
+
+
+def start(run_dir: Path, *overrides: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "metalearn.train", *TINY, f"hydra.run.dir={run_dir}", *overrides],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        env=checkout_env(),
+    )
+
+
+def signal_when(proc: subprocess.Popen, marker: str, signum: int) -> str:
+    """Send ``signum`` as soon as a line containing ``marker`` is printed; all the output."""
+    lines = []
+    deadline = time.time() + 240
+    for line in proc.stdout:
+        lines.append(line)
+        if marker in line:
+            proc.send_signal(signum)
+            break
+        assert time.time() < deadline, "".join(lines)
+    rest, _ = proc.communicate(timeout=240)
+    return "".join(lines) + rest
+
+
+def metrics_keys(run_dir: Path) -> list[tuple[int, str]]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [(json.loads(x)["step"], json.loads(x)["split"]) for x in lines]
+
+
+@pytest.mark.parametrize(
+    "signum, marker, phase",
+    [
+        (signal.SIGTERM, "validation on 1500 tasks at step 4", "the final validation"),
+        (signal.SIGINT, "final evaluation on 1500 test tasks", "the final test evaluation"),
+        (signal.SIGTERM, "training sinusoid_maml", "start-up|training"),
+    ],
+    ids=["sigterm-final-validation", "sigint-final-test", "sigterm-compile"],
+)
+def test_signal_anywhere_says_what_was_saved_and_resumes(tmp_path, signum, marker, phase):
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, *SLOW_EVAL)
+    output = signal_when(proc, marker, signum)
+    assert proc.returncode == 128 + signum, output
+    assert "Traceback" not in output, output
+    stop_lines = [line for line in output.splitlines() if "rerun with hydra.run.dir=" in line]
+    assert len(stop_lines) == 1, output
+    if "|" not in phase:
+        assert f"interrupted by {signal.Signals(signum).name} during {phase}" in stop_lines[0]
+        assert "the checkpoint of step 4 is saved" in stop_lines[0]
+    assert not (run_dir / "eval.json").exists()
+    resumed = start(run_dir, *SLOW_EVAL)
+    out, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0 and "Traceback" not in out, out
+    keys = metrics_keys(run_dir)
+    assert sorted(keys) == sorted(set(keys)) == [(2, "train"), (4, "train"), (4, "val")]
+    assert len(json.loads((run_dir / "eval.json").read_text())) == 3 * 2
+
+
+def test_sweep_runs_every_job_and_summarises_failures(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "metalearn.train",
+            "-m",
+            *TINY,
+            "optimizer.lr=0.001,-1,1e30,0.002",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env=checkout_env(),
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    jobs = sorted(p for p in sweep_dir.iterdir() if p.is_dir())
+    status = [json.loads((p / "status.json").read_text()) for p in jobs]
+    assert [s["status"] for s in status] == ["ok", "failed", "failed", "ok"]
+    assert "optimizer.lr must be > 0" in status[1]["message"]
+    assert "non-finite" in status[2]["message"]
+    assert all(
+        (p / "eval.json").exists() == (s["status"] == "ok")
+        for p, s in zip(jobs, status, strict=True)
+    )
+    summary = result.stderr[result.stderr.index("sweep: 2 of 4 job(s) succeeded") :]
+    assert f"{jobs[1].name}: failed (exit 2): error: optimizer.lr must be > 0" in summary
+    assert f"{jobs[2].name}: failed (exit 2): error: non-finite" in summary
+    # collect_sweep lists the failed jobs and an unreadable eval.json instead of crashing.
+    (jobs[3] / "eval.json").write_text('[{"metric": "mse", "me')
+    table = subprocess.run(
+        [sys.executable, "scripts/collect_sweep.py", str(sweep_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=checkout_env(),
+    )
+    assert table.returncode == 0, table.stderr
+    assert f"{jobs[3]}: unreadable eval.json" in table.stdout
+    assert f"{jobs[1]}: failed: error: optimizer.lr must be > 0" in table.stdout
+    assert len([line for line in table.stdout.splitlines() if line.startswith("0_")]) == 6

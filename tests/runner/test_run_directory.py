@@ -1,0 +1,190 @@
+"""A rerun never damages a run directory; damaged checkpoints are detected and survived.
+
+Every case goes through the CLI (``python -m metalearn.train`` / ``metalearn.evaluate``) as a
+user would; the reference is one finished tiny run, copied for each test.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from metalearn.runner.checkpoints import CheckpointStore
+from tests.cli import checkout_env
+from tests.conftest import restore_latest_state
+
+TINY = ["+experiment=sinusoid_maml", "+debug=tiny"]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(module: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=checkout_env(),
+    )
+
+
+def train(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    return cli("metalearn.train", *TINY, f"hydra.run.dir={run_dir}", *overrides)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    result = train(run_dir)
+    assert result.returncode == 0, result.stderr
+    return run_dir
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path) -> Path:
+    target = tmp_path / "run"
+    shutil.copytree(finished_run, target)
+    return target
+
+
+def snapshot(run_dir: Path) -> dict[str, bytes]:
+    """Every file of the run directory (train.log aside), by relative path."""
+    return {
+        str(p.relative_to(run_dir)): p.read_bytes()
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file() and p.name != "train.log"
+    }
+
+
+def assert_same_state(a: Path, b: Path) -> None:
+    x, y = restore_latest_state(str(a)), restore_latest_state(str(b))
+    for u, v in zip(jax.tree_util.tree_leaves(x), jax.tree_util.tree_leaves(y), strict=True):
+        np.testing.assert_array_equal(u, v)
+
+
+def one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> str:
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def test_rerun_with_another_config_is_refused_before_anything_is_written(run_copy):
+    before = snapshot(run_copy)
+    line = one_line_error(
+        train(run_copy, "seed=5", "algorithm.inner_lr=0.02"),
+        "different config",
+        "seed 0 -> 5",
+        "algorithm.inner_lr 0.01 -> 0.02",
+        "trainer.allow_changes=[algorithm.inner_lr,seed]",
+    )
+    assert "Nothing was changed" in line
+    assert snapshot(run_copy) == before  # config.yaml, .hydra/, checkpoints, metrics untouched
+    # The original run can still be evaluated from its own config.yaml.
+    evaluated = cli("metalearn.evaluate", str(run_copy), "eval.num_tasks=2")
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert "evaluated the best checkpoint (step" in evaluated.stdout
+
+
+def test_an_allowed_change_resumes_and_is_recorded(run_copy):
+    refused = train(run_copy, "trainer.meta_steps=6")
+    one_line_error(
+        refused, "trainer.meta_steps 4 -> 6", "trainer.allow_changes=[trainer.meta_steps]"
+    )
+    result = train(run_copy, "trainer.meta_steps=6", "trainer.allow_changes=[trainer.meta_steps]")
+    assert result.returncode == 0, result.stderr
+    assert "resumed from step 4" in result.stdout
+    assert CheckpointStore(str(run_copy / "checkpoints"), 2).latest_step() == 6
+    record = json.loads((run_copy / "checkpoints" / "config.json").read_text())
+    assert record["config"]["trainer.meta_steps"] == 6
+    assert record["changes"] == [{"from_step": 4, "changed": {"trainer.meta_steps": [4, 6]}}]
+
+
+def test_resume_false_in_a_run_directory_is_refused(run_copy):
+    before = snapshot(run_copy)
+    one_line_error(
+        train(run_copy, "trainer.resume=false"), "already holds a run", "new hydra.run.dir"
+    )
+    assert snapshot(run_copy) == before
+
+
+def test_evaluate_without_best_names_the_latest_checkpoint(run_copy):
+    shutil.rmtree(run_copy / "best")
+    result = cli("metalearn.evaluate", str(run_copy), "eval.num_tasks=2")
+    assert result.returncode == 0, result.stderr
+    assert "no best-on-validation checkpoint" in result.stdout + result.stderr
+    assert "evaluated the latest checkpoint (step 4)" in result.stdout
+    assert not (run_copy / "eval_best.json").exists()
+    records = json.loads((run_copy / "eval_latest.json").read_text())
+    assert {(r["checkpoint"], r["checkpoint_step"]) for r in records} == {("latest", 4)}
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _data_file(step_dir: Path) -> Path:
+    """The largest array file of a checkpoint (the parameters and optimiser state)."""
+    files = [p for p in (step_dir / "state").rglob("*") if p.is_file() and "/d/" in str(p)]
+    return max(files, key=lambda p: p.stat().st_size)
+
+
+@pytest.mark.parametrize(
+    "damage, target",
+    [
+        (_truncate, lambda d: d / "state" / "_METADATA"),
+        (_flip, _data_file),
+        (Path.unlink, lambda d: d / "metadata" / "metadata"),
+        (Path.unlink, lambda d: d / "checksums.sha256"),  # killed before the manifest
+    ],
+    ids=["truncated", "flipped", "missing", "unfinished"],
+)
+def test_damaged_latest_checkpoint_falls_back_and_is_kept(finished_run, run_copy, damage, target):
+    damaged_file = target(run_copy / "checkpoints" / "4")
+    damage(damaged_file)
+    stale = run_copy / "checkpoints" / "6.orbax-checkpoint-tmp-99"  # left by a killed save
+    stale.mkdir()
+    result = train(run_copy)
+    assert result.returncode == 0, result.stderr
+    log = result.stdout + result.stderr
+    assert "Traceback" not in log
+    warnings = [line for line in log.splitlines() if "damaged checkpoint" in line]
+    assert len(warnings) == 1 and "step 4 (" in warnings[0] and "using step 2" in warnings[0]
+    assert "resumed from step 2" in log
+    (kept,) = (run_copy / "checkpoints" / "damaged").iterdir()
+    assert kept.name.startswith("4-") and (kept / "state").is_dir()
+    assert not stale.exists()
+    assert_same_state(run_copy, finished_run)
+    assert (run_copy / "eval.json").read_bytes() == (finished_run / "eval.json").read_bytes()
+    lines = [json.loads(x) for x in (run_copy / "metrics.jsonl").read_text().splitlines()]
+    keys = [(x["step"], x["split"]) for x in lines]
+    assert sorted(keys) == sorted(set(keys)) == [(2, "train"), (2, "val"), (4, "train"), (4, "val")]
+
+
+def test_nan_message_names_the_newest_intact_checkpoint(run_copy):
+    from omegaconf import OmegaConf
+
+    from metalearn.config import to_objects
+    from metalearn.runner.loop import Runner
+
+    _flip(_data_file(run_copy / "checkpoints" / "4"))
+    runner = Runner(to_objects(OmegaConf.load(run_copy / "config.yaml")), str(run_copy))
+    message = str(runner.non_finite(6, "parameters"))
+    runner.close()
+    assert f"last intact checkpoint: step 2 in {run_copy / 'checkpoints'}" in message
+    assert os.path.exists(run_copy / "checkpoints" / "4")  # reporting moves nothing

@@ -1,0 +1,173 @@
+"""Bad input through the CLI ends in one ``error:`` line saying what to do, exit status 2.
+
+Each case here ended in a raw traceback, a misleading message or a late failure before
+(issue 14, "Raw tracebacks that must become one clear line"); docs/reliability.md lists them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+
+import pytest
+from omegaconf import OmegaConf
+
+from metalearn.data.fewshot_builder import load_split_arrays
+from metalearn.data.omniglot import OmniglotVinyals
+from metalearn.runner.rundir import saved_steps
+from tests.cli import OMNIGLOT_TINY, TINY, error_line, run_cli
+from tests.conftest import compose_config
+from tests.data.fake_sources import truncate, write_omniglot
+
+ZIPS = ("images_background.zip", "images_evaluation.zip")
+
+
+@pytest.fixture(scope="module")
+def fake_omniglot(tmp_path_factory):
+    """Generated Omniglot archives (3 drawings per character) and a TFDS dir prepared from them."""
+    manual = tmp_path_factory.mktemp("omniglot_manual")
+    write_omniglot(str(manual))
+    data_dir = tmp_path_factory.mktemp("tfds")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        load_split_arrays(OmniglotVinyals, data_dir=str(data_dir), manual_dir=str(manual))
+    return manual, data_dir, printed.getvalue()
+
+
+def test_preparing_from_a_manual_directory_announces_no_download(fake_omniglot):
+    # Nothing is downloaded from a manual directory: TFDS's "Downloading ... Unknown size" is gone.
+    assert "Unknown size" not in fake_omniglot[2]
+
+
+def damage(path: str, how: str) -> None:
+    if how == "missing":
+        os.remove(path)
+    elif how == "empty":
+        open(path, "wb").close()
+    elif how == "truncated":
+        truncate(path, 0.5)
+    else:  # random bytes of the same size
+        size = os.path.getsize(path)
+        with open(path, "wb") as f:
+            f.write(os.urandom(size))
+
+
+@pytest.mark.parametrize("how", ["missing", "empty", "truncated", "random"])
+def test_damaged_omniglot_zip_is_one_line(fake_omniglot, tmp_path, how):
+    manual = tmp_path / "manual"
+    shutil.copytree(fake_omniglot[0], manual)
+    damage(str(manual / ZIPS[1]), how)
+    result = run_cli(
+        *OMNIGLOT_TINY,
+        f"data.manual_dir={manual}",
+        f"data.data_dir={tmp_path / 'tfds'}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    expected = "not found" if how == "missing" else "truncated or corrupt"
+    error_line(result, "omniglot_vinyals", str(manual / ZIPS[1]), expected, "download")
+
+
+def test_corrupt_prepared_dataset_names_the_directory_to_delete(fake_omniglot, tmp_path):
+    data_dir = tmp_path / "tfds"
+    shutil.copytree(fake_omniglot[1], data_dir)
+    version_dir = data_dir / "omniglot_vinyals" / "1.0.0"
+    (shard,) = version_dir.glob("omniglot_vinyals-train.array_record-*")
+    data = bytearray(shard.read_bytes())
+    data[100:200] = bytes(b ^ 0xFF for b in data[100:200])
+    shard.write_bytes(bytes(data))
+    result = run_cli(*OMNIGLOT_TINY, f"data.data_dir={data_dir}", f"hydra.run.dir={tmp_path / 'r'}")
+    error_line(result, f"prepared dataset in {version_dir} is corrupt", "delete that directory")
+
+
+def test_eval_shots_the_data_cannot_supply_fail_before_training(fake_omniglot, tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        *OMNIGLOT_TINY,
+        f"data.data_dir={fake_omniglot[1]}",
+        "data.ways=2",
+        "data.num_queries=1",
+        "trainer.shots=1",
+        "eval.shots=[1,5]",
+        f"hydra.run.dir={run_dir}",
+    )
+    error_line(result, "eval.shots=[1, 5]", "shots=5 + data.num_queries=1 exceeds the 3", "lower")
+    # Refused before any training step: no checkpoint and no metrics (checkpoints/ holds only the
+    # run's config record, written when the run directory is claimed).
+    assert saved_steps(str(run_dir)) == [] and not (run_dir / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**32), str(2**64)])
+def test_seed_outside_the_key_range(tmp_path, seed):
+    result = run_cli(*TINY, f"seed={seed}", f"hydra.run.dir={tmp_path}")
+    error_line(result, "seed must be an integer in [0, 2**32 - 1]", f"got {seed}")
+
+
+def test_conv4_on_sinusoid_says_the_model_needs_images(tmp_path):
+    result = run_cli(*TINY, "model=conv4", f"hydra.run.dir={tmp_path}")
+    error_line(result, "model=conv4 needs images", "data=sinusoid", "model=mlp")
+
+
+def test_distributed_without_a_coordinator_names_the_keys(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI_"))}
+    result = run_cli(*TINY, "distributed.enabled=true", f"hydra.run.dir={tmp_path}", env=env)
+    error_line(
+        result,
+        "distributed.coordinator_address",
+        "distributed.num_processes",
+        "distributed.process_id",
+        "no SLURM environment found",
+    )
+
+
+def test_schema_entries_are_not_group_options(tmp_path):
+    result = run_cli(*TINY, "algorithm=maml_schema", f"hydra.run.dir={tmp_path}")
+    line = error_line(result, "algorithm=maml_schema is an internal schema entry", "maml")
+    assert "maml_schema" not in line.split("use one of:")[1]
+
+
+@pytest.mark.parametrize(
+    "overrides, blamed, cleared",
+    [
+        (
+            ["algorithm.inner_lr=1e4", "algorithm.inner_steps=5"],
+            "algorithm.inner_lr",
+            "optimizer.lr",
+        ),
+        (["optimizer.lr=1e30", "trainer.meta_steps=8"], "optimizer.lr", "algorithm.inner_lr"),
+    ],
+)
+def test_nan_names_the_rate_that_diverged(tmp_path, overrides, blamed, cleared):
+    result = run_cli(*TINY, *overrides, f"hydra.run.dir={tmp_path}")
+    line = error_line(result, "non-finite", f"lower {blamed}")
+    assert f"lower {cleared}" not in line
+
+
+@pytest.fixture(scope="module")
+def run_config_dir(tmp_path_factory):
+    """A run directory holding only a config.yaml, as metalearn.train writes it."""
+    directory = tmp_path_factory.mktemp("run")
+    OmegaConf.save(compose_config(TINY), directory / "config.yaml", resolve=True)
+    return directory
+
+
+@pytest.mark.parametrize(
+    "override, fragments",
+    [
+        ("eval.num_task=5", ["num_task", "check the overrides"]),
+        ("evl.num_tasks=5", ["unknown key 'evl.num_tasks'", "eval"]),
+        ("algorithm.inner_lrr=0.1", ["inner_lrr", "check the overrides"]),
+    ],
+)
+def test_evaluate_with_a_misspelt_key(run_config_dir, override, fragments):
+    result = run_cli(str(run_config_dir), override, module="metalearn.evaluate")
+    error_line(result, *fragments)
+
+
+@pytest.mark.parametrize("cut", [0.0, 0.5])
+def test_evaluate_with_an_empty_or_half_written_config(run_config_dir, tmp_path, cut):
+    text = (run_config_dir / "config.yaml").read_text()
+    (tmp_path / "config.yaml").write_text(text[: int(len(text) * cut)])
+    result = run_cli(str(tmp_path), module="metalearn.evaluate")
+    error_line(result, str(tmp_path / "config.yaml"), "empty or half-written", "recreate it")
