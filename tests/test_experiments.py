@@ -56,6 +56,7 @@ def test_tiny_version_of_every_experiment_runs(experiment, tmp_path):
     else:
         summary = train_and_evaluate(cfg, str(workdir))
     assert summary["step"] == cfg.trainer.num_steps and not summary["interrupted"]
+    assert summary["wall_seconds"] > summary["train_seconds"] > 0  # data and evaluation too
     records = json.loads((workdir / "eval.json").read_text())
     assert records and all(r["tasks"] == cfg.eval.num_tasks for r in records)
     if cfg.data.name in IMAGE_SHAPES:

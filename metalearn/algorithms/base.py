@@ -111,6 +111,55 @@ def split_top_level(params: PyTree, names: Sequence[str]) -> tuple[dict, dict]:
     return selected, rest
 
 
+# --- which parameters the inner loop adapts --------------------------------------------------
+# The one home of this choice: algorithms ask ``inner_rates`` for their inner step sizes. Today
+# normalisation parameters are recognised by name (``is_norm_parameter``); when models declare
+# their parameter groups, only ``inner_loop_mask`` needs to change.
+
+
+def is_norm_parameter(name: str) -> bool:
+    """Whether a parameter path (``"BatchNorm_0/scale"``) names a normalisation parameter.
+
+    True when a path component contains ``"norm"`` (case-insensitive): Conv4's ``norms_0/bias``,
+    Flax's ``BatchNorm_0/scale``, ``LayerNorm_1/bias``.
+    """
+    return any("norm" in part.lower() for part in name.split("/"))
+
+
+def inner_loop_mask(params: PyTree, *, adapt_norm: bool = True) -> PyTree:
+    """A pytree of bools shaped like ``params``: True where the inner loop adapts the leaf.
+
+    With ``adapt_norm=False`` the normalisation parameters are held fixed in the inner loop (they
+    are still meta-learned by the outer loop), as in Finn et al.'s code, where batch norm's
+    offsets are variables outside the adapted ``weights`` dict.
+
+    >>> params = {"convs_0": {"kernel": 1.0}, "norms_0": {"bias": 0.0}, "head": {"bias": 0.0}}
+    >>> inner_loop_mask(params, adapt_norm=False)
+    {'convs_0': {'kernel': True}, 'head': {'bias': True}, 'norms_0': {'bias': False}}
+    """
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: adapt_norm or not is_norm_parameter(path_name(path)), params
+    )
+
+
+def inner_rates(params: PyTree, inner_lr: float | PyTree, *, adapt_norm: bool = True):
+    """Inner step sizes for ``params``: ``inner_lr`` where :func:`inner_loop_mask` adapts, 0 else.
+
+    ``inner_lr`` is a scalar or a pytree like ``params`` (Meta-SGD's learned rates). With
+    ``adapt_norm=True`` it is returned unchanged (every parameter adapts).
+
+    >>> params = {"norms_0": {"bias": 1.0}, "head": {"kernel": 1.0}}
+    >>> inner_rates(params, 0.4, adapt_norm=False)
+    {'head': {'kernel': 0.4}, 'norms_0': {'bias': 0.0}}
+    """
+    if adapt_norm:
+        return inner_lr
+    mask = inner_loop_mask(params, adapt_norm=adapt_norm)
+    if jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(inner_lr)):
+        return jax.tree_util.tree_map(lambda m: inner_lr if m else 0.0, mask)
+    return jax.tree_util.tree_map(lambda lr, m: lr if m else jnp.zeros_like(lr), inner_lr, mask)
+
+
 # --- evaluation ------------------------------------------------------------------------------
 
 

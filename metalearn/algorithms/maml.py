@@ -10,6 +10,7 @@ from metalearn.algorithms.base import (
     MetaLearner,
     check_inner_loop_settings,
     evaluate_trajectory,
+    inner_rates,
     query_metrics,
     sgd_trajectory_fn,
 )
@@ -26,6 +27,7 @@ class MAMLConfig:
     num_steps: int = 1
     first_order: bool = False
     remat: bool = False
+    adapt_norm: bool = True  # False: normalisation parameters are meta-learned, not adapted
 
 
 @dataclasses.dataclass
@@ -42,10 +44,14 @@ def maml(
     num_steps: int = 1,
     first_order: bool = False,
     remat: bool = False,
+    adapt_norm: bool = True,
 ) -> MetaLearner:
     """MAML: meta-learn an initialisation that adapts in ``num_steps`` SGD steps.
 
     The meta-parameters are the model parameters. ``first_order=True`` is FOMAML.
+    ``adapt_norm=False`` holds the normalisation parameters fixed in the inner loop (they are
+    meta-learned only), as Finn et al.'s code does with batch norm
+    (:func:`metalearn.algorithms.base.inner_loop_mask`).
 
     >>> import jax, jax.numpy as jnp
     >>> from metalearn.data.sinusoid import sinusoid
@@ -71,7 +77,7 @@ def maml(
             model.loss_fn,
             params,
             support,
-            inner_lr=inner_lr,
+            inner_lr=inner_rates(params, inner_lr, adapt_norm=adapt_norm),
             num_steps=steps,
             first_order=first_order,
             remat=remat,
@@ -87,13 +93,22 @@ def maml(
         return grads, metrics
 
     def evaluate(params, task: Task, steps):
-        return evaluate_trajectory(model, sgd_trajectory_fn(model, params, inner_lr), task, steps)
+        rates = inner_rates(params, inner_lr, adapt_norm=adapt_norm)
+        return evaluate_trajectory(model, sgd_trajectory_fn(model, params, rates), task, steps)
 
     return MetaLearner(init, task_grad, evaluate, adapt_params)
 
 
 @ALGORITHMS.register("fomaml", FOMAMLConfig)
-def fomaml(model: Model, *, inner_lr=0.01, num_steps=1, first_order=True, remat=False):
+def fomaml(
+    model: Model,
+    *,
+    inner_lr=0.01,
+    num_steps=1,
+    first_order=True,
+    remat=False,
+    adapt_norm=True,
+):
     """First-order MAML: :func:`maml` with gradients stopped through the inner gradients.
 
     The meta-gradient is the query-loss gradient at the adapted parameters.
@@ -110,4 +125,11 @@ def fomaml(model: Model, *, inner_lr=0.01, num_steps=1, first_order=True, remat=
     """
     if not first_order:
         raise ValueError("algorithm=fomaml is first order; use algorithm=maml for second order")
-    return maml(model, inner_lr=inner_lr, num_steps=num_steps, first_order=True, remat=remat)
+    return maml(
+        model,
+        inner_lr=inner_lr,
+        num_steps=num_steps,
+        first_order=True,
+        remat=remat,
+        adapt_norm=adapt_norm,
+    )

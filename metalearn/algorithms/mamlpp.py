@@ -43,6 +43,7 @@ from metalearn.algorithms.base import (
     check_choice,
     check_fraction,
     check_inner_loop_settings,
+    is_norm_parameter,
     named_leaves,
     path_name,
 )
@@ -63,11 +64,6 @@ class MAMLPPConfig:
     per_step_norm: bool = True
     meta_lr_schedule: str = "cosine"
     meta_lr_final_fraction: float = 0.01
-
-
-def is_norm_parameter(name: str) -> bool:
-    """Whether a parameter path (``"BatchNorm_0/scale"``) names a normalisation parameter."""
-    return any("norm" in part.lower() for part in name.split("/"))
 
 
 def multi_step_loss_weights(progress: jax.Array, num_steps: int, msl_fraction: float) -> jax.Array:

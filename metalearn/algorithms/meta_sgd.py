@@ -17,6 +17,7 @@ from metalearn.algorithms.base import (
     MetaLearner,
     check_inner_loop_settings,
     evaluate_trajectory,
+    inner_rates,
     query_metrics,
     sgd_trajectory_fn,
 )
@@ -32,6 +33,7 @@ class MetaSGDConfig:
     inner_lr: float = 0.01
     num_steps: int = 1
     first_order: bool = False
+    adapt_norm: bool = True  # False: normalisation parameters are meta-learned, not adapted
 
 
 @ALGORITHMS.register("meta_sgd", MetaSGDConfig)
@@ -41,12 +43,14 @@ def meta_sgd(
     inner_lr: float = 0.01,
     num_steps: int = 1,
     first_order: bool = False,
+    adapt_norm: bool = True,
 ) -> MetaLearner:
     """Meta-SGD: meta-parameters ``{"params": theta, "inner_lr": alpha}``.
 
     ``alpha`` starts at ``inner_lr`` for every parameter entry. ``first_order=True`` stops
     gradients through the inner gradients; the rates still get a gradient (through the update
-    ``-alpha * grad``).
+    ``-alpha * grad``). ``adapt_norm=False`` zeroes the rates of normalisation parameters (they
+    are meta-learned only; :func:`metalearn.algorithms.base.inner_loop_mask`).
 
     >>> import jax, jax.numpy as jnp
     >>> from metalearn.data.sinusoid import sinusoid
@@ -70,12 +74,15 @@ def meta_sgd(
         rates = jax.tree_util.tree_map(lambda p: jnp.full_like(p, inner_lr), model_params)
         return {"params": model_params, "inner_lr": rates}
 
+    def rates(meta_params):
+        return inner_rates(meta_params["params"], meta_params["inner_lr"], adapt_norm=adapt_norm)
+
     def adapt_params(meta_params, support, steps=num_steps):
         return adapt(
             model.loss_fn,
             meta_params["params"],
             support,
-            inner_lr=meta_params["inner_lr"],
+            inner_lr=rates(meta_params),
             num_steps=steps,
             first_order=first_order,
         )
@@ -90,7 +97,7 @@ def meta_sgd(
         return grads, metrics
 
     def evaluate(meta_params, task: Task, steps):
-        trajectory = sgd_trajectory_fn(model, meta_params["params"], meta_params["inner_lr"])
+        trajectory = sgd_trajectory_fn(model, meta_params["params"], rates(meta_params))
         return evaluate_trajectory(model, trajectory, task, steps)
 
     return MetaLearner(init, task_grad, evaluate, adapt_params)

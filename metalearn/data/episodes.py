@@ -96,7 +96,12 @@ def check_episode_settings(ways: int, num_queries: int) -> None:
 
 
 def episode_distribution(
-    split_images: Mapping[str, np.ndarray], *, ways: int, num_queries: int, dataset: str
+    split_images: Mapping[str, np.ndarray],
+    *,
+    ways: int,
+    num_queries: int,
+    dataset: str,
+    train_ways: int | None = None,
 ) -> TaskDistribution:
     """A classification :class:`TaskDistribution` over dense per-split image arrays.
 
@@ -104,7 +109,10 @@ def episode_distribution(
     ``[num_classes, examples_per_class, H, W, C]`` (classes disjoint across splits). They are
     put on the default device and handed to ``sample`` as ``{"images": array}``.
     ``sample(split_arrays, key, shots)`` raises ValueError if ``shots + num_queries`` exceeds
-    the examples per class.
+    the examples per class. ``train_ways`` (default: ``ways``) sets the ways of training
+    episodes alone, e.g. Prototypical Networks' 60-way training for 5-way tests; the model gets
+    ``max(ways, train_ways)`` outputs. The training split's arrays then carry an empty array
+    ``"ways"`` of shape ``[train_ways, 0]``: its static shape tells the sampler the ways.
 
     >>> import jax, numpy as np
     >>> arrays = {s: np.zeros((8, 20, 28, 28, 1), np.uint8) for s in ("train", "val", "test")}
@@ -117,6 +125,14 @@ def episode_distribution(
     missing = {"train", "val", "test"} - set(split_images)
     if missing:
         raise ValueError(f"{dataset}: no arrays for split(s) {sorted(missing)}")
+    train_ways = ways if train_ways is None else train_ways
+    check_episode_settings(train_ways, num_queries)
+    train_classes = split_images["train"].shape[0]
+    if train_classes < train_ways:
+        raise ValueError(
+            f"data.train_ways={train_ways} exceeds the {train_classes} classes of the "
+            f"{dataset} train split"
+        )
     image_shapes = set()
     for split, images in split_images.items():
         if images.ndim != 5 or images.dtype != np.uint8:
@@ -149,13 +165,17 @@ def episode_distribution(
                 f"shots={shots} + data.num_queries={num_queries} exceeds the {per_class} "
                 f"examples per class of {dataset}"
             )
-        return sample_episode(images, key, ways=ways, shots=shots, num_queries=num_queries)
+        n = split_arrays["ways"].shape[0] if "ways" in split_arrays else ways  # static
+        return sample_episode(images, key, ways=n, shots=shots, num_queries=num_queries)
 
+    splits = {split: {"images": jax.device_put(a)} for split, a in split_images.items()}
+    if train_ways != ways:
+        splits["train"]["ways"] = jnp.zeros((train_ways, 0), jnp.uint8)
     return TaskDistribution(
-        splits={split: {"images": jax.device_put(a)} for split, a in split_images.items()},
+        splits=splits,
         sample=sample,
         input_shape=image_shapes.pop(),
-        num_outputs=ways,
+        num_outputs=max(ways, train_ways),
         kind="classification",
         ways=ways,
     )

@@ -149,6 +149,7 @@ class OmniglotConfig:
     ways: int = 5
     num_queries: int = 15
     rotations: tuple[int, ...] = (0, 90, 180, 270)
+    train_ways: int | None = None  # ways of training episodes; None: ways (see episodes.py)
     data_dir: str | None = None  # TFDS data dir; None: $TFDS_DATA_DIR or ~/tensorflow_datasets
     manual_dir: str | None = None  # holds images_background.zip, images_evaluation.zip
 
@@ -159,6 +160,7 @@ def omniglot(
     ways: int = 5,
     num_queries: int = 15,
     rotations: tuple[int, ...] = (0, 90, 180, 270),
+    train_ways: int | None = None,
     data_dir: str | None = None,
     manual_dir: str | None = None,
 ) -> TaskDistribution:
@@ -182,4 +184,6 @@ def omniglot(
         )
     arrays = load_split_arrays(OmniglotVinyals, data_dir=data_dir, manual_dir=manual_dir)
     arrays = {split: rotate_classes(255 - a, rotations) for split, a in arrays.items()}
-    return episode_distribution(arrays, ways=ways, num_queries=num_queries, dataset="omniglot")
+    return episode_distribution(
+        arrays, ways=ways, num_queries=num_queries, dataset="omniglot", train_ways=train_ways
+    )

@@ -144,10 +144,11 @@ def train_and_evaluate(cfg: Config, workdir: str) -> dict:
     and ``summary.json``. Returns the summary; ``summary["interrupted"]`` is true when a signal
     stopped the run (a checkpoint was saved first).
     """
+    started = time.perf_counter()  # before the data are loaded (and prepared, on a first run)
     os.makedirs(workdir, exist_ok=True)
     runner = Runner(cfg, workdir)
     try:
-        return _train(runner)
+        return _train(runner, started)
     finally:
         runner.close()
 
@@ -162,7 +163,7 @@ def _restore(runner: Runner):
     return state, best_score
 
 
-def _train(runner: Runner) -> dict:
+def _train(runner: Runner, started: float) -> dict:
     cfg, t = runner.cfg, runner.cfg.trainer
     state, best_score = _restore(runner)
     step = start_step = int(state.step)
@@ -220,6 +221,8 @@ def _train(runner: Runner) -> dict:
         "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
         "best_val_score": _json_float(best_score),
         "eval": records,
+        # data loading or preparation, compilation, training and evaluation, all together
+        "wall_seconds": time.perf_counter() - started,
     }
     _write_json(runner.workdir, "summary.json", summary)
     return summary
