@@ -128,7 +128,7 @@ def episode_distribution(
     train_ways = ways if train_ways is None else train_ways
     check_episode_settings(train_ways, num_queries)
     train_classes = split_images["train"].shape[0]
-    if train_classes < train_ways:
+    if train_ways != ways and train_classes < train_ways:
         raise ValueError(
             f"data.train_ways={train_ways} exceeds the {train_classes} classes of the "
             f"{dataset} train split"
