@@ -114,7 +114,11 @@ def split_top_level(params: PyTree, names: Sequence[str]) -> tuple[dict, dict]:
 # --- which parameters the inner loop adapts --------------------------------------------------
 # The one home of this choice: algorithms ask ``inner_rates`` for their inner step sizes. Today
 # normalisation parameters are recognised by name (``is_norm_parameter``); when models declare
-# their parameter groups, only ``inner_loop_mask`` needs to change.
+# their parameter groups, only ``inner_loop_mask`` needs to change. maml, fomaml and meta_sgd
+# take ``adapt_norm``; ANIL adapts the head only and MAML++ holds its per-step normalisation
+# copies fixed (``per_step_norm``), so neither adapts normalisation parameters; Reptile adapts
+# everything, since its meta-update is the adapted difference: a parameter held fixed in its
+# inner loop would never be meta-learned.
 
 
 def is_norm_parameter(name: str) -> bool:
