@@ -29,6 +29,8 @@ def tiny_overrides(experiment: str, data_dir: str) -> list[str]:
             overrides.append("algorithm.num_steps=1")
     if composed.data.name in IMAGE_SHAPES:
         overrides.append(f"data.data_dir={data_dir}")
+    if composed.data.get("train_ways"):
+        overrides.append("data.train_ways=10")  # more ways than tests, within the mock classes
     return overrides
 
 
