@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 from typing import Any
 
@@ -42,7 +43,7 @@ class OptimizerConfig:
 class TrainerConfig:
     """The training loop."""
 
-    num_steps: int = 70_000
+    meta_steps: int = 70_000  # meta-updates in the whole run
     meta_batch_size: int = 25
     shots: int = 10  # support examples per class (per task for regression) during training
     task_batching: str = "auto"  # auto | vmap | unroll | map: how tasks in a meta-batch run
@@ -148,7 +149,7 @@ def _require(condition: bool, message: str) -> None:
 def validate(cfg: Config) -> None:
     """Check values the types cannot express; raise ValueError naming the key."""
     t, o, e = cfg.trainer, cfg.optimizer, cfg.eval
-    _require(t.num_steps >= 1, f"trainer.num_steps must be >= 1, got {t.num_steps}")
+    _require(t.meta_steps >= 1, f"trainer.meta_steps must be >= 1, got {t.meta_steps}")
     _require(
         t.meta_batch_size >= 1, f"trainer.meta_batch_size must be >= 1, got {t.meta_batch_size}"
     )
@@ -165,8 +166,9 @@ def validate(cfg: Config) -> None:
         t.keep_checkpoints >= 1, f"trainer.keep_checkpoints must be >= 1, got {t.keep_checkpoints}"
     )
     _require(
-        t.task_batching in TASK_BATCHING,
-        f"trainer.task_batching must be one of {TASK_BATCHING}, got {t.task_batching!r}",
+        t.task_batching in TASK_BATCHING or re.fullmatch(r"map[1-9][0-9]*", t.task_batching),
+        f"trainer.task_batching must be one of {TASK_BATCHING} or map<k> (k loops side by "
+        f"side, e.g. map2), got {t.task_batching!r}",
     )
     _require(
         t.progress_bar in ("auto", "bar", "lines"),
@@ -191,6 +193,37 @@ def validate(cfg: Config) -> None:
     for key in ("num_tasks", "val_tasks", "tasks_per_call"):
         value = getattr(e, key)
         _require(value >= 1, f"eval.{key} must be >= 1, got {value}")
+
+
+# Keys that were renamed: the old spelling fails with a message naming the new one.
+RENAMED = {
+    "algorithm.num_steps": "algorithm.inner_steps",
+    "trainer.num_steps": "trainer.meta_steps",
+    "algorithm.meta_lr_schedule": "optimizer.schedule",
+    "algorithm.meta_lr_final_fraction": "optimizer.final_lr_fraction",
+}
+
+
+def renamed_key_errors(overrides: list[str]) -> list[str]:
+    """One message per command-line override that uses a renamed key.
+
+    >>> renamed_key_errors(["seed=1", "algorithm.num_steps=5"])
+    ['algorithm.num_steps was renamed algorithm.inner_steps']
+    """
+    errors = []
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if "=" in override and key in RENAMED:
+            errors.append(f"{key} was renamed {RENAMED[key]}")
+    return errors
+
+
+def exit_on_renamed_keys(argv: list[str]) -> None:
+    """Print ``error: ...`` and exit 2 if an override in ``argv`` uses a renamed key."""
+    errors = renamed_key_errors(argv)
+    if errors:
+        print(f"error: {'; '.join(errors)}", file=sys.stderr)
+        sys.exit(2)
 
 
 def check_writable(directory: str) -> None:

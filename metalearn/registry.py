@@ -1,14 +1,16 @@
 """Name -> (config dataclass, factory) registries for the parts a config selects.
 
-Each algorithm, model and task distribution registers itself with a frozen config dataclass
-whose fields are exactly the factory's keyword arguments (plus ``name``). Hydra validates a
-composed config group against that dataclass, and :func:`build` calls the factory with its
-fields, so one dataclass is both the schema and the signature.
+Each algorithm, model and task family registers itself with a config dataclass, the one home of
+its defaults: Hydra validates a composed config group against that dataclass, and
+:meth:`Registry.build` hands it to the factory (as ``config=``, or as keyword arguments to a
+factory that takes its fields one by one). So one dataclass is both the schema and the
+signature.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +19,7 @@ from typing import Any
 class Entry:
     config_cls: type
     factory: Callable[..., Any]
+    info: dict = dataclasses.field(default_factory=dict)  # declarations, e.g. a model's parts
 
 
 class Registry:
@@ -26,14 +29,18 @@ class Registry:
         self.kind = kind
         self._entries: dict[str, Entry] = {}
 
-    def register(self, name: str, config_cls: type) -> Callable[[Callable], Callable]:
-        """Decorator: ``@ALGORITHMS.register("maml", MAMLConfig)`` above the factory."""
+    def register(self, name: str, config_cls: type, **info: Any) -> Callable[[Callable], Callable]:
+        """Decorator: ``@ALGORITHMS.register("maml", MAMLConfig)`` above the factory.
+
+        ``info`` holds what the entry declares about itself beyond its config (a model's
+        head, embedding and normalisation layers: :class:`metalearn.models.base.ModelParts`).
+        """
         fields = {f.name for f in dataclasses.fields(config_cls)}
         if "name" not in fields:
             raise TypeError(f"{config_cls.__name__} needs a 'name' field")
 
         def decorate(factory: Callable) -> Callable:
-            self._entries[name] = Entry(config_cls, factory)
+            self._entries[name] = Entry(config_cls, factory, dict(info))
             return factory
 
         return decorate
@@ -47,8 +54,14 @@ class Registry:
         return self._entries[name]
 
     def build(self, config: Any, *args: Any) -> Any:
-        """Call the factory registered under ``config.name`` with ``*args`` and the fields."""
+        """Call the factory registered under ``config.name`` with ``*args`` and the config.
+
+        A factory with a ``config`` parameter gets the dataclass itself (its fields are the one
+        home of the defaults); any other gets the fields as keyword arguments.
+        """
         entry = self.entry(config.name)
+        if "config" in inspect.signature(entry.factory).parameters:
+            return entry.factory(*args, config=config)
         kwargs = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
         kwargs.pop("name")
         return entry.factory(*args, **kwargs)

@@ -16,11 +16,12 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from metalearn.config import check_writable, register_configs, to_objects
+from metalearn.config import check_writable, exit_on_renamed_keys, register_configs, to_objects
 from metalearn.runner.devices import initialize_distributed
 from metalearn.runner.loop import NonFiniteError, train_and_evaluate
 
-CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+# The Hydra configs ship inside the package (metalearn/conf/), so a wheel install runs too.
+CONF_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
 log = logging.getLogger("metalearn")
 
 register_configs()
@@ -39,7 +40,7 @@ def run(cfg: DictConfig, workdir: str) -> dict:
     return train_and_evaluate(config, workdir)
 
 
-@hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
+@hydra.main(version_base=None, config_path="pkg://metalearn.conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     workdir = HydraConfig.get().runtime.output_dir
     try:
@@ -53,4 +54,5 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    exit_on_renamed_keys(sys.argv[1:])
     main()

@@ -106,7 +106,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--conv",
         type=csv_list,
         default=["auto"],
-        help="metalearn Conv4 layers: auto, xla, im2col (model.conv), canonical (bench_conv.py)",
+        help="metalearn Conv4 layers: auto, xla, im2col (model.conv)",
     )
     p.add_argument(
         "--inner-unroll",

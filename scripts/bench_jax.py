@@ -1,10 +1,12 @@
 """metalearn's side of ``scripts/bench.py``: the runner's jitted meta-step, timed.
 
 The step is built exactly as :class:`metalearn.runner.loop.Runner` builds it: the registered
-task distribution, model and algorithm, ``build_optimizer``, ``make_meta_step`` and the jitted
-``make_multi_step``. Omniglot-shaped tasks are sampled on the device from a dense uint8 array of
-random images (``episode_distribution``, the function the registered ``omniglot`` distribution
-uses), so no dataset is needed.
+task family, model and algorithm, ``build_optimizer``, ``make_meta_train_step`` with sampling
+wrapped around it by ``make_meta_step``, and the jitted ``make_multi_step``; options such as a
+rolled inner loop (``MAMLConfig.unroll``) and ``map<k>`` task batching are the library's.
+Omniglot-shaped tasks are sampled on the device from a dense uint8 array of random images
+(``episode_distribution``, the function the registered ``omniglot`` distribution uses), so no
+dataset is needed.
 
 Peak memory: on GPU/TPU ``peak_bytes_in_use`` of the device (the process's peak, so
 ``bench.py`` runs each configuration in its own process); on CPU, where XLA keeps no such
@@ -20,7 +22,6 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 MB = 1024.0 * 1024.0
@@ -48,88 +49,43 @@ def random_omniglot_tasks(ways: int, num_queries: int, seed: int = 0):
 
 
 def build_parts(spec: dict[str, Any]):
-    """(tasks, model, learner) from the registries, as the runner's ``build_experiment`` does."""
+    """(tasks, model, learner) from the registries, as the runner's ``build_experiment`` does:
+    the same ``build_model`` (declared model parts) and the library's algorithm options
+    (``MAMLConfig.unroll`` for a rolled inner loop)."""
     import metalearn.algorithms  # noqa: F401  (registers algorithms)
     import metalearn.data  # noqa: F401  (registers task distributions)
     import metalearn.models  # noqa: F401  (registers models)
     from metalearn.algorithms.maml import MAMLConfig
-    from metalearn.models.base import model_from_flax
-    from metalearn.registry import ALGORITHMS, MODELS, TASKS
+    from metalearn.data.task import family_objective
+    from metalearn.registry import ALGORITHMS, TASKS
+    from metalearn.runner.experiment import build_model
 
     if spec["kind"] == "sinusoid":
         from metalearn.data.sinusoid import SinusoidConfig
         from metalearn.models.mlp import MLPConfig
 
         tasks = TASKS.build(SinusoidConfig(num_queries=spec["queries"]))
-        module = MODELS.build(MLPConfig(hidden_sizes=(40, 40)), tasks.num_outputs)
+        model = build_model(MLPConfig(hidden_sizes=(40, 40)), tasks)
     else:
         from metalearn.models.conv4 import Conv4Config
 
         tasks = random_omniglot_tasks(spec["ways"], spec["queries"])
-        if spec.get("conv") == "canonical":  # custom-VJP convolutions of bench_conv.py
-            from bench_conv import conv4_with
-
-            module = conv4_with(spec["conv"], tasks.num_outputs, filters=64)
-        else:  # the library's Conv4: conv auto | xla | im2col
-            config = Conv4Config(
-                filters=64, downsample="stride", readout="mean", conv=spec.get("conv", "auto")
-            )
-            module = MODELS.build(config, tasks.num_outputs)
-    embed = "embed" if hasattr(module, "embed") else None
-    model = model_from_flax(
-        module, tasks.input_shape, tasks.kind, head=("head",), embed_method=embed
-    )
-    if spec.get("inner_unroll", "full") != "full":  # proposed: a rolled inner loop
-        patch_inner_unroll(int(spec["inner_unroll"]))
+        config = Conv4Config(
+            filters=64, downsample="stride", readout="mean", conv=spec.get("conv", "auto")
+        )
+        model = build_model(config, tasks)
+    unroll = spec.get("inner_unroll", "full")
     learner = ALGORITHMS.build(
         MAMLConfig(
             inner_lr=spec["inner_lr"],
-            num_steps=spec["inner_steps"],
+            inner_steps=spec["inner_steps"],
             first_order=spec["order"] == "first",
             remat=spec["remat"],
+            unroll=None if unroll == "full" else int(unroll),
         ),
-        model,
+        family_objective(tasks, model),
     )
     return tasks, model, learner
-
-
-def patch_inner_unroll(unroll: int) -> None:
-    """Make MAML's inner loop a rolled ``lax.scan`` (``unroll`` steps per iteration) instead of
-    the library's fully unrolled default, for measuring it: remat only bounds memory when the
-    loop is rolled (XLA schedules an unrolled program as straight-line code and keeps the
-    rematerialised steps' buffers alive)."""
-    import functools
-
-    import metalearn.algorithms.maml as maml
-    from metalearn.core import adapt
-
-    maml.adapt = functools.partial(adapt, unroll=unroll)
-
-
-def patch_parallel_map(chains: int) -> None:
-    """Add a task batching strategy ``map<chains>`` to the runner, for measuring it: the
-    meta-batch split into ``chains`` groups, each a ``lax.map`` loop, the groups unrolled side
-    by side so that XLA:CPU can run the loops on different cores (one ``lax.map`` runs its
-    tasks one after the other, and a single task's convolutions are too small to keep two
-    cores busy)."""
-    import metalearn.runner.steps as steps
-
-    original = steps.map_over_tasks
-
-    def map_over_tasks(fn, tasks, strategy):
-        if strategy != f"map{chains}":
-            return original(fn, tasks, strategy)
-        count = jax.tree_util.tree_leaves(tasks)[0].shape[0]
-        if count % chains:
-            raise ValueError(f"meta-batch {count} is not a multiple of {chains} chains")
-        groups = jax.tree_util.tree_map(lambda t: t.reshape(chains, -1, *t.shape[1:]), tasks)
-        outs = [
-            jax.lax.map(fn, jax.tree_util.tree_map(lambda t, i=i: t[i], groups))
-            for i in range(chains)
-        ]
-        return jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs), *outs)
-
-    steps.map_over_tasks = map_over_tasks
 
 
 def resolved_conv(spec: dict[str, Any]) -> str:
@@ -152,38 +108,39 @@ def run_metalearn(spec: dict[str, Any]) -> dict[str, Any]:
     from metalearn.config import OptimizerConfig
     from metalearn.runner.experiment import build_optimizer
     from metalearn.runner.steps import (
-        TrainState,
+        init_train_state,
         make_meta_step,
+        make_meta_train_step,
         make_multi_step,
         resolve_task_batching,
     )
 
     tasks, model, learner = build_parts(spec)
-    total_steps = 10_000
-    optimizer = build_optimizer(OptimizerConfig(name="adam", lr=spec["outer_lr"]), total_steps)
-    init_key, learner_key = jax.random.split(jax.random.key(0))
-    model_params = model.init(init_key)
-    meta_params = learner.init(learner_key, model_params)
-    state = TrainState(jnp.asarray(0, jnp.int32), meta_params, optimizer.init(meta_params))
-    strategy = resolve_task_batching(spec["batching"], model_params)
-    if strategy.startswith("map") and strategy != "map":  # e.g. map2: proposed, see below
-        patch_parallel_map(int(strategy[3:]))
-    extra, arrays = {}, tasks.splits["train"]
+    meta_steps = 10_000
+    optimizer = build_optimizer(OptimizerConfig(name="adam", lr=spec["outer_lr"]), meta_steps)
+    state = init_train_state(learner, model, optimizer, jax.random.key(0))
+    strategy = resolve_task_batching(spec["batching"], model)
+    mesh, arrays = None, tasks.splits["train"]
     if len(jax.devices()) > 1:  # shard the tasks as the runner does (trainer.shard_tasks)
         from metalearn.runner.devices import replicated, task_mesh
 
         mesh = task_mesh(True, spec["meta_batch"])
-        state, arrays, extra = replicated(state, mesh), replicated(arrays, mesh), {"mesh": mesh}
-    meta_step = make_meta_step(
+        state, arrays = replicated(state, mesh), replicated(arrays, mesh)
+    train_step = make_meta_train_step(
         learner,
-        tasks,
         optimizer,
+        meta_steps=meta_steps,
+        strategy=strategy,
+        key=jax.random.key(2),
+        mesh=mesh,
+    )
+    meta_step = make_meta_step(
+        train_step,
+        tasks,
         train_key=jax.random.key(1),
         meta_batch_size=spec["meta_batch"],
         shots=spec["shots"],
-        total_steps=total_steps,
-        strategy=strategy,
-        **extra,
+        mesh=mesh,
     )
     jitted = make_multi_step(meta_step, spec["steps_per_call"])
     jax.block_until_ready((state, arrays))

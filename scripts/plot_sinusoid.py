@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from metalearn.algorithms.base import context  # noqa: E402
 from metalearn.config import to_objects  # noqa: E402
 from metalearn.data.sinusoid import sample_sinusoid_task  # noqa: E402
 from metalearn.runner.loop import load_for_evaluation  # noqa: E402
@@ -29,7 +30,8 @@ def plot(run_dir: Path, shots: int, seed: int, steps: list[int], out: Path) -> N
     cfg = to_objects(OmegaConf.load(run_dir / "config.yaml"))
     if cfg.data.name != "sinusoid":
         raise ValueError(f"{run_dir} is a {cfg.data.name} run, not a sinusoid one")
-    runner, meta_params = load_for_evaluation(cfg, str(run_dir), "best")
+    runner, trained = load_for_evaluation(cfg, str(run_dir), "best")
+    meta_params, ctx = trained.meta_params, context(trained.model_state)
     runner.close()
     d = cfg.data
     key = jax.random.key(seed)
@@ -51,11 +53,12 @@ def plot(run_dir: Path, shots: int, seed: int, steps: list[int], out: Path) -> N
     }
     for num_steps, style in zip([0, *steps], [":", "--", "-"], strict=True):
         params = (
-            learner.adapt(meta_params, task.support, num_steps)
+            learner.adapt(meta_params, task.support, ctx, num_steps)
             if num_steps
             else initial_model_params(meta_params)
         )
-        ax.plot(xs[:, 0], model.apply(params, xs)[:, 0], style, label=labels[num_steps])
+        outputs, _ = model.apply(params, ctx.model_state, None, xs, False)
+        ax.plot(xs[:, 0], outputs[:, 0], style, label=labels[num_steps])
     ax.plot(
         task.support[0][:, 0], task.support[1][:, 0], "^", color="purple", label="used for grad"
     )

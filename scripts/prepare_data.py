@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         except DataSourceError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
-        shapes = ", ".join(f"{split} {tuple(a.shape)}" for split, a in arrays.items())
+        shapes = ", ".join(f"{split} {a.summary()}" for split, a in arrays.items())
         print(f"{name} ({BUILDERS[name].name}): {shapes} in {time.perf_counter() - start:.1f} s")
     return 0
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
 import os
 import tempfile
 
@@ -25,10 +24,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from metalearn.train import CONF_DIR
 
+# Runnable experiments; base_*.yaml hold what several experiments share and are not run alone.
 EXPERIMENTS = sorted(
     f[: -len(".yaml")]
     for f in os.listdir(os.path.join(CONF_DIR, "experiment"))
-    if f.endswith(".yaml")
+    if f.endswith(".yaml") and not f.startswith("base_")
 )
 
 
@@ -55,15 +55,6 @@ def compose_config(overrides: list[str]) -> DictConfig:
             del cfg["hydra"]
         OmegaConf.resolve(cfg)
     return cfg
-
-
-def run_docstring_examples(fn, name: str, module) -> doctest.TestResults:
-    """Run the ``>>>`` examples of ``fn``'s docstring in ``module``'s namespace."""
-    tests = doctest.DocTestFinder().find(fn, name, module=module, globs=vars(module).copy())
-    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    for test in tests:
-        runner.run(test)
-    return runner.summarize(verbose=False)
 
 
 def restore_latest_state(run_dir, cfg=None):

@@ -25,8 +25,8 @@ def tiny_overrides(experiment: str, data_dir: str) -> list[str]:
         # Second-order inner loops through convolutions are what costs compile time on a CPU:
         # one inner step on one task per meta-step keeps every code path at a fraction of it.
         overrides += ["model.filters=8", "trainer.meta_batch_size=1"]
-        if "num_steps" in composed.algorithm:
-            overrides.append("algorithm.num_steps=1")
+        if "inner_steps" in composed.algorithm:
+            overrides.append("algorithm.inner_steps=1")
     if composed.data.name in IMAGE_SHAPES:
         overrides.append(f"data.data_dir={data_dir}")
     if composed.data.get("train_ways"):
@@ -57,7 +57,7 @@ def test_tiny_version_of_every_experiment_runs(experiment, tmp_path):
             summary = train_and_evaluate(cfg, str(workdir))
     else:
         summary = train_and_evaluate(cfg, str(workdir))
-    assert summary["step"] == cfg.trainer.num_steps and not summary["interrupted"]
+    assert summary["step"] == cfg.trainer.meta_steps and not summary["interrupted"]
     assert summary["wall_seconds"] > summary["train_seconds"] > 0  # data and evaluation too
     records = json.loads((workdir / "eval.json").read_text())
     assert records and all(r["tasks"] == cfg.eval.num_tasks for r in records)
@@ -76,7 +76,7 @@ def test_tiny_run_of_every_algorithm_on_sinusoid(algorithm, tmp_path):
         compose_config(["+experiment=sinusoid_maml", "+debug=tiny", f"algorithm={algorithm}"])
     )
     summary = train_and_evaluate(cfg, str(tmp_path))
-    assert summary["step"] == cfg.trainer.num_steps
+    assert summary["step"] == cfg.trainer.meta_steps
     records = json.loads((tmp_path / "eval.json").read_text())
     assert {r["metric"] for r in records} == {"mse"}
     assert all(r["mean"] is not None and r["nonfinite"] == 0 for r in records)

@@ -21,21 +21,26 @@ import jax.numpy as jnp
 import numpy as np
 
 from metalearn.algorithms.anil import anil
+from metalearn.algorithms.base import context
 from metalearn.algorithms.maml import maml
 from metalearn.data.sinusoid import sample_sinusoid_task
-from metalearn.data.task import Task
-from metalearn.models.base import model_from_flax
+from metalearn.data.task import Task, supervised_objective
+from metalearn.models.base import ModelParts, model_from_flax
 from metalearn.models.mlp import MLP
 
 
 def problems():
-    mlp = model_from_flax(MLP((40, 40), 1), (1,), "regression", head=("head",))
+    mlp = supervised_objective(
+        model_from_flax(MLP((40, 40), 1), (1,), ModelParts(head="head")), "regression"
+    )
     yield "MLP 1-40-40-1, sinusoid K=10", mlp, sample_sinusoid_task(jax.random.key(0), 10, 10)
     try:
-        from metalearn.models.conv4 import Conv4
+        from metalearn.models.conv4 import CONV4_PARTS, Conv4
     except ImportError:
         return
-    conv = model_from_flax(Conv4(5), (28, 28, 1), "classification", head=("head",))
+    conv = supervised_objective(
+        model_from_flax(Conv4(5), (28, 28, 1), CONV4_PARTS), "classification"
+    )
     keys = jax.random.split(jax.random.key(1), 2)
     labels = jnp.arange(5)
     task = Task(
@@ -72,13 +77,13 @@ def main():
     )
     print("| --- | --- | --- | --- | --- |")
     for label, model, task in problems():
-        params = model.init(jax.random.key(2))
+        params = model.model.init(jax.random.key(2))[0]
         for steps in args.steps:
             wall, cpu = [], []
             for factory in (maml, anil):
-                learner = factory(model, inner_lr=0.01, num_steps=steps)
+                learner = factory(model, inner_lr=0.01, inner_steps=steps)
                 step = jax.jit(learner.task_grad)
-                w, c = fastest_seconds(step, (params, task, 0.0), args.repeats)
+                w, c = fastest_seconds(step, (params, task, context()), args.repeats)
                 wall.append(1e3 * w)
                 cpu.append(1e3 * c)
             print(

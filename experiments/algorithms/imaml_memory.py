@@ -16,22 +16,27 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from metalearn.algorithms.base import context, inner_loss
 from metalearn.algorithms.imaml import imaml
 from metalearn.core import maml_loss
 from metalearn.data.sinusoid import sample_sinusoid_task
-from metalearn.data.task import Task
-from metalearn.models.base import model_from_flax
+from metalearn.data.task import Task, supervised_objective
+from metalearn.models.base import ModelParts, model_from_flax
 from metalearn.models.mlp import MLP
 
 STEPS = (5, 50, 500)
 
 
 def problems():
-    mlp = model_from_flax(MLP((40, 40), 1), (1,), "regression", head=("head",))
+    mlp = supervised_objective(
+        model_from_flax(MLP((40, 40), 1), (1,), ModelParts(head="head")), "regression"
+    )
     yield "MLP 1-40-40-1, sinusoid K=50", mlp, sample_sinusoid_task(jax.random.key(0), 50, 10)
-    from metalearn.models.conv4 import Conv4
+    from metalearn.models.conv4 import CONV4_PARTS, Conv4
 
-    conv = model_from_flax(Conv4(5), (28, 28, 1), "classification", head=("head",))
+    conv = supervised_objective(
+        model_from_flax(Conv4(5), (28, 28, 1), CONV4_PARTS), "classification"
+    )
     keys = jax.random.split(jax.random.key(1), 2)
     labels = jnp.arange(5)
     task = Task(
@@ -50,14 +55,16 @@ def main():
     print("| model | inner steps | iMAML temp MiB | MAML (rolled) temp MiB |")
     print("| --- | --- | --- | --- |")
     for label, model, task in problems():
-        params = model.init(jax.random.key(2))
+        params = model.model.init(jax.random.key(2))[0]
         for n in STEPS:
-            imaml_mib = temp_bytes(imaml(model, num_steps=n).task_grad, params, task, 0.0) / 2**20
+            imaml_mib = (
+                temp_bytes(imaml(model, inner_steps=n).task_grad, params, task, context()) / 2**20
+            )
 
             def maml_grad(p, n=n, model=model, task=task):
                 return jax.grad(
                     lambda q: maml_loss(
-                        model.loss_fn,
+                        inner_loss(model, context()),
                         q,
                         task.support,
                         task.query,

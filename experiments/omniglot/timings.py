@@ -9,7 +9,8 @@ Prints, on the current JAX backend:
 - Conv4 (Omniglot variant) forward and forward+backward on a 5-way 1-shot task (5 support
   images, 75 query images), NHWC against NCHW convolutions;
 - one MAML meta-step (5-way 1-shot, inner rate 0.4, one step, Adam) for a few settings, first
-  and second order, tasks unrolled inside ``jit`` (the runner's CPU strategy).
+  and second order, tasks unrolled inside ``jit``: the library's ``meta_train_step`` on an
+  already-sampled meta-batch.
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from metalearn.algorithms.maml import maml
 from metalearn.data.episodes import episode_distribution
 from metalearn.data.omniglot import omniglot
+from metalearn.data.task import supervised_objective
 from metalearn.models.base import model_from_flax
-from metalearn.models.conv4 import conv4
+from metalearn.models.conv4 import CONV4_PARTS, conv4
+from metalearn.runner.steps import init_train_state, make_meta_train_step, sample_tasks
 
 DEFAULT_MANUAL_DIR = os.path.join(
     os.path.dirname(__file__), "..", "..", "..", "shared", "data", "omniglot"
@@ -67,12 +69,15 @@ def time_data(manual_dir: str) -> dict:
 
 
 def time_conv4() -> None:
-    model = model_from_flax(conv4(5), (28, 28, 1), "classification")
-    params = model.init(jax.random.key(0))
+    objective = supervised_objective(
+        model_from_flax(conv4(5), (28, 28, 1), CONV4_PARTS), "classification"
+    )
+    params, state = objective.model.init(jax.random.key(0))
     for n in (5, 75):
         x, y = jnp.ones((n, 28, 28, 1)), jnp.zeros((n,), jnp.int32)
-        fwd = jax.jit(lambda p, x=x, y=y: model.loss_fn(p, (x, y)))
-        grad = jax.jit(jax.grad(lambda p, x=x, y=y: model.loss_fn(p, (x, y))))
+        loss_fn = lambda p, x=x, y=y: objective.loss(p, state, None, (x, y))[0]  # noqa: E731
+        fwd = jax.jit(loss_fn)
+        grad = jax.jit(jax.grad(loss_fn))
         print(
             f"Conv4 on {n} images: forward {best_of(fwd, params) * 1e3:.2f} ms, "
             f"forward+backward {best_of(grad, params) * 1e3:.2f} ms"
@@ -98,27 +103,24 @@ META_STEPS = [(True, 8, 5), (True, 8, 15), (False, 8, 5), (True, 32, 5), (False,
 
 
 def time_meta_steps(tasks) -> None:
-    model = model_from_flax(conv4(5), (28, 28, 1), "classification")
+    """The library's ``meta_train_step`` on meta-batches sampled outside the timed step."""
+    model = model_from_flax(conv4(5), (28, 28, 1), CONV4_PARTS)
     optimizer = optax.adam(1e-3)
-    arrays = {s: np.asarray(a["images"]) for s, a in tasks.splits.items()}
+    arrays = dict(tasks.splits)
     for first_order, meta_batch, queries in META_STEPS:
-        learner = maml(model, inner_lr=0.4, num_steps=1, first_order=first_order)
         episodes = episode_distribution(arrays, ways=5, num_queries=queries, dataset="omniglot")
-
-        def step(params, opt_state, split, key, learner=learner, mb=meta_batch, t=episodes):
-            keys = jax.random.split(key, mb)
-            grads = [learner.task_grad(params, t.sample(split, k, 1), 0.0)[0] for k in keys]
-            grads = jax.tree_util.tree_map(lambda *g: sum(g) / len(g), *grads)
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state
-
-        params = model.init(jax.random.key(0))
-        args = (params, optimizer.init(params), episodes.splits["train"], jax.random.key(1))
+        objective = supervised_objective(model, "classification")
+        learner = maml(objective, inner_lr=0.4, inner_steps=1, first_order=first_order)
+        state = init_train_state(learner, model, optimizer, jax.random.key(0))
+        batch = sample_tasks(episodes, episodes.splits["train"], jax.random.key(1), meta_batch, 1)
+        step = make_meta_train_step(
+            learner, optimizer, meta_steps=1, strategy="unroll", key=jax.random.key(2)
+        )
         start = time.perf_counter()
         jitted = jax.jit(step)
-        jax.block_until_ready(jitted(*args))
+        jax.block_until_ready(jitted(state, batch))
         compile_s = time.perf_counter() - start
-        seconds = best_of(jitted, *args, repeats=3)
+        seconds = best_of(jitted, state, batch, repeats=3)
         order = "first" if first_order else "second"
         print(
             f"MAML meta-step, {order} order, meta-batch {meta_batch}, {queries} queries: "

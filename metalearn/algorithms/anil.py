@@ -1,27 +1,26 @@
 """ANIL (Raghu et al. 2020, "Almost No Inner Loop"): adapt only the head in the inner loop.
 
-The parameters are partitioned by their top-level entry: ``model.head`` names the entries of
-the final layer (``("head",)`` for the MLP here). The inner loop runs MAML's SGD steps on those
-entries only, with the body held at the meta-parameters; the outer loop differentiates the
-query loss with respect to everything (body and head), through the inner loop.
-"""
+The parameters are partitioned by their top-level entry: the model declares the entries of its
+final layer (``Model.head``, from ``ModelParts(head=...)`` where the model is registered). The
+inner loop runs MAML's SGD steps on those entries only, with the body held at the
+meta-parameters; the outer loop differentiates the query loss with respect to everything (body
+and head), through the inner loop."""
 
 from __future__ import annotations
 
 import dataclasses
 
-import jax
-
 from metalearn.algorithms.base import (
     MetaLearner,
     check_inner_loop_settings,
     evaluate_trajectory,
-    query_metrics,
+    inner_loss,
     split_top_level,
+    value_and_grad_of_query,
+    with_config,
 )
 from metalearn.core import adapt, adapt_trajectory
-from metalearn.data.task import Task
-from metalearn.models.base import Model
+from metalearn.data.task import Objective, Task
 from metalearn.registry import ALGORITHMS
 
 
@@ -29,88 +28,83 @@ from metalearn.registry import ALGORITHMS
 class ANILConfig:
     name: str = "anil"
     inner_lr: float = 0.01
-    num_steps: int = 1
+    inner_steps: int = 1
     first_order: bool = False
     remat: bool = False
 
 
 @ALGORITHMS.register("anil", ANILConfig)
-def anil(
-    model: Model,
-    *,
-    inner_lr: float = 0.01,
-    num_steps: int = 1,
-    first_order: bool = False,
-    remat: bool = False,
-) -> MetaLearner:
-    """ANIL: MAML whose inner loop adapts only the parameter entries named by ``model.head``.
+def anil(objective: Objective, config: ANILConfig | None = None, **overrides) -> MetaLearner:
+    """ANIL: MAML whose inner loop adapts only the parameter entries the model declares as its
+    head (``Model.head``).
 
     The meta-parameters are the model parameters (a dict whose top-level entries include
-    ``model.head``); ``adapt`` returns the full model parameters with the head adapted.
+    the head); ``adapt`` returns the full model parameters with the head adapted.
 
     >>> import jax, jax.numpy as jnp
+    >>> from metalearn.algorithms.base import context
     >>> from metalearn.data.sinusoid import sinusoid
-    >>> from metalearn.models.base import model_from_flax
+    >>> from metalearn.data.task import family_objective
+    >>> from metalearn.models.base import ModelParts, model_from_flax
     >>> from metalearn.models.mlp import MLP
-    >>> model = model_from_flax(MLP((40, 40), 1), (1,), "regression", head=("head",))
-    >>> learner = anil(model, inner_lr=0.01)
-    >>> meta_params = learner.init(jax.random.key(0), model.init(jax.random.key(1)))
     >>> tasks = sinusoid()
+    >>> model = model_from_flax(MLP((40, 40), 1), (1,), ModelParts(head="head"))
+    >>> learner = anil(family_objective(tasks, model), inner_lr=0.01)
+    >>> params, state = model.init(jax.random.key(1))
+    >>> meta_params, ctx = learner.init(jax.random.key(0), params), context(state)
     >>> task = tasks.sample(tasks.splits["train"], jax.random.key(2), 10)
-    >>> adapted = learner.adapt(meta_params, task.support, 3)
+    >>> adapted = learner.adapt(meta_params, task.support, ctx, 3)
     >>> bool(jnp.all(adapted["hidden_0"]["kernel"] == meta_params["hidden_0"]["kernel"]))
     True
-    >>> grads, metrics = jax.jit(learner.task_grad)(meta_params, task, 0.0)
-    >>> evaluate = jax.jit(learner.evaluate, static_argnums=2)
-    >>> sorted(grads), evaluate(meta_params, task, (0, 1, 5))["mse"].shape
+    >>> grads, aux = jax.jit(learner.task_grad)(meta_params, task, ctx)
+    >>> evaluate = jax.jit(learner.evaluate, static_argnums=3)
+    >>> sorted(grads), evaluate(meta_params, task, ctx, (0, 1, 5))["mse"].shape
     (['head', 'hidden_0', 'hidden_1'], (3,))
     """
-    check_inner_loop_settings(inner_lr, num_steps)
-    head_names = tuple(model.head)
+    c = with_config(ANILConfig, config, overrides)
+    check_inner_loop_settings(c.inner_lr, c.inner_steps)
+    head_names = tuple(objective.model.head)
     if not head_names:
         raise ValueError(
-            "algorithm=anil needs a model that names its head (Model.head, the top-level "
-            "parameter entries of the final layer); this model names none"
+            "algorithm=anil needs a model that declares its head (ModelParts(head=...) where "
+            "the model is registered); this model declares none"
         )
 
-    def head_loss(body):
-        return lambda head, batch: model.loss_fn({**body, **head}, batch)
+    def head_loss(body, ctx, train=True):
+        loss_fn = inner_loss(objective, ctx, train)
+        return lambda head, batch: loss_fn({**body, **head}, batch)
 
     def init(key, model_params):
         del key
         split_top_level(model_params, head_names)  # fail early if the head is missing
         return model_params
 
-    def adapt_params(params, support, steps=num_steps):
+    def adapt_params(params, support, ctx, steps=c.inner_steps):
         head, body = split_top_level(params, head_names)
         adapted_head = adapt(
-            head_loss(body),
+            head_loss(body, ctx),
             head,
             support,
-            inner_lr=inner_lr,
+            inner_lr=c.inner_lr,
             num_steps=steps,
-            first_order=first_order,
-            remat=remat,
+            first_order=c.first_order,
+            remat=c.remat,
         )
         return {**params, **adapted_head}
 
-    def task_grad(params, task: Task, progress):
-        del progress
+    def task_grad(params, task: Task, ctx):
+        adapted = lambda p: adapt_params(p, task.support, ctx)  # noqa: E731
+        return value_and_grad_of_query(objective, adapted, task, ctx)(params)
 
-        def query_loss(p):
-            return query_metrics(model, adapt_params(p, task.support), task)
-
-        (_, metrics), grads = jax.value_and_grad(query_loss, has_aux=True)(params)
-        return grads, metrics
-
-    def evaluate(params, task: Task, steps):
+    def evaluate(params, task: Task, ctx, steps):
         head, body = split_top_level(params, head_names)
+        loss_fn = head_loss(body, ctx, train=False)
 
         def trajectory(support, n):
-            return adapt_trajectory(head_loss(body), head, support, inner_lr=inner_lr, num_steps=n)
+            return adapt_trajectory(loss_fn, head, support, inner_lr=c.inner_lr, num_steps=n)
 
         return evaluate_trajectory(
-            model, trajectory, task, steps, to_model_params=lambda h: {**params, **h}
+            objective, trajectory, task, ctx, steps, to_model_params=lambda h: {**params, **h}
         )
 
     return MetaLearner(init, task_grad, evaluate, adapt_params)

@@ -2,19 +2,50 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from metalearn.core import adapt_trajectory
-from metalearn.data.task import Task
-from metalearn.models.base import Model
+from metalearn.data.task import Aux, Objective, Task
 
 PyTree = Any
 Metrics = dict[str, jax.Array]
+
+
+class TaskContext(NamedTuple):
+    """What a learner needs besides its meta-parameters and the task.
+
+    ``step``: meta-steps done and ``meta_steps``: meta-steps in the whole run (int32 scalars;
+    schedules such as MAML++'s annealing read them); ``model_state``: the model's mutable
+    collections (``{}`` for a stateless model); ``key``: this task's PRNG key (model randomness,
+    rollouts), or None.
+    """
+
+    step: jax.Array
+    meta_steps: jax.Array
+    model_state: PyTree
+    key: jax.Array | None
+
+    def progress(self) -> jax.Array:
+        """The fraction of training done, ``step / meta_steps`` (float32)."""
+        return self.step.astype(jnp.float32) / self.meta_steps
+
+
+def context(
+    model_state: PyTree = None, key: jax.Array | None = None, step=0, meta_steps=1
+) -> TaskContext:
+    """A :class:`TaskContext`, e.g. ``context(model_state)`` to adapt outside training.
+
+    >>> context().model_state, float(context(step=3, meta_steps=4).progress())
+    ({}, 0.75)
+    """
+    state = {} if model_state is None else model_state
+    as_int = lambda n: jnp.asarray(n, jnp.int32)  # noqa: E731
+    return TaskContext(as_int(step), as_int(meta_steps), state, key)
 
 
 class MetaLearner(NamedTuple):
@@ -22,20 +53,73 @@ class MetaLearner(NamedTuple):
 
     - ``init(key, model_params) -> meta_params``: what the outer optimiser updates (the model
       initialisation, plus e.g. learned inner rates for Meta-SGD).
-    - ``task_grad(meta_params, task, progress) -> (meta_grads, metrics)``: the meta-gradient of
-      one task (a descent direction for the outer optax optimiser; for Reptile the difference
-      to the adapted weights) and scalar metrics on the query set. ``progress`` in [0, 1] is the
-      fraction of training done (a traced scalar), for schedules such as MAML++'s annealing.
-    - ``evaluate(meta_params, task, steps) -> {metric: array[len(steps)]}``: query metrics after
-      each number of inner steps in the static tuple ``steps``.
-    - ``adapt(meta_params, support, num_steps) -> model_params``: task-specific parameters, for
-      prediction and plots.
+    - ``task_grad(meta_params, task, ctx) -> (meta_grads, Aux)``: the meta-gradient of one task
+      (a descent direction for the outer optax optimiser; for Reptile the difference to the
+      adapted weights), with the model's new state and scalar metrics on the query set.
+    - ``evaluate(meta_params, task, ctx, steps) -> {metric: array[len(steps)]}``: query metrics
+      (evaluation mode) after each number of inner steps in the static tuple ``steps``.
+    - ``adapt(meta_params, support, ctx, inner_steps) -> model_params``: task-specific
+      parameters, for prediction and plots.
     """
 
     init: Callable[[jax.Array, PyTree], PyTree]
-    task_grad: Callable[[PyTree, Task, jax.Array], tuple[PyTree, Metrics]]
-    evaluate: Callable[[PyTree, Task, tuple[int, ...]], Metrics]
-    adapt: Callable[[PyTree, Any, int], PyTree]
+    task_grad: Callable[[PyTree, Task, TaskContext], tuple[PyTree, Aux]]
+    evaluate: Callable[[PyTree, Task, TaskContext, tuple[int, ...]], Metrics]
+    adapt: Callable[..., PyTree]
+
+
+def with_config(config_cls: type, config: Any, overrides: dict) -> Any:
+    """``config`` (default: ``config_cls()``) with ``overrides`` replaced: a factory's settings.
+
+    >>> from metalearn.algorithms.maml import MAMLConfig
+    >>> with_config(MAMLConfig, None, {"inner_steps": 3}).inner_steps
+    3
+    """
+    config = config_cls() if config is None else config
+    return dataclasses.replace(config, **overrides) if overrides else config
+
+
+# --- the task loss as core sees it ----------------------------------------------------------
+
+
+def _key(ctx: TaskContext, stream: int) -> jax.Array | None:
+    return None if ctx.key is None else jax.random.fold_in(ctx.key, stream)
+
+
+def inner_loss(objective: Objective, ctx: TaskContext, train: bool = True):
+    """``loss_fn(params, data) -> scalar`` for :mod:`metalearn.core`: the task loss with the
+    model state and the inner loop's key held fixed (every inner step sees the same key)."""
+    key = _key(ctx, 0)
+
+    def loss_fn(params, data):
+        return objective.loss(params, ctx.model_state, key, data, train)[0]
+
+    return loss_fn
+
+
+def query_loss(
+    objective: Objective, params: PyTree, ctx: TaskContext, data: PyTree, train: bool = True
+) -> tuple[jax.Array, Aux]:
+    """``(loss, Aux)`` of ``params`` on ``data`` (a task's query set), with the query key."""
+    return objective.loss(params, ctx.model_state, _key(ctx, 1), data, train)
+
+
+def query_metrics(objective: Objective, params: PyTree, ctx: TaskContext, data: PyTree) -> Metrics:
+    """The metrics of ``params`` on ``data`` in evaluation mode."""
+    return query_loss(objective, params, ctx, data, train=False)[1].metrics
+
+
+def value_and_grad_of_query(objective: Objective, adapt_fn, task: Task, ctx: TaskContext):
+    """``(grads, Aux)``: the gradient of the query loss after ``adapt_fn(meta_params)``."""
+
+    def loss(meta_params):
+        return query_loss(objective, adapt_fn(meta_params), ctx, task.query)
+
+    def grad(meta_params):
+        (_, aux), grads = jax.value_and_grad(loss, has_aux=True)(meta_params)
+        return grads, aux
+
+    return grad
 
 
 # --- config checks: each raises ValueError naming the key, as ``algorithm.<key>`` -------------
@@ -71,10 +155,10 @@ def check_choice(key: str, value: str, choices: Sequence[str]) -> None:
         raise ValueError(f"algorithm.{key} must be one of {list(choices)}, got {value!r}")
 
 
-def check_inner_loop_settings(inner_lr: float, num_steps: int) -> None:
-    """``inner_lr > 0`` and an integer ``num_steps >= 1``."""
+def check_inner_loop_settings(inner_lr: float, inner_steps: int) -> None:
+    """``inner_lr > 0`` and an integer ``inner_steps >= 1``."""
     check_positive("inner_lr", inner_lr)
-    check_count("num_steps", num_steps)
+    check_count("inner_steps", inner_steps)
 
 
 # --- parameter paths -----------------------------------------------------------------------
@@ -112,53 +196,55 @@ def split_top_level(params: PyTree, names: Sequence[str]) -> tuple[dict, dict]:
 
 
 # --- which parameters the inner loop adapts --------------------------------------------------
-# The one home of this choice: algorithms ask ``inner_rates`` for their inner step sizes. Today
-# normalisation parameters are recognised by name (``is_norm_parameter``); when models declare
-# their parameter groups, only ``inner_loop_mask`` needs to change. maml, fomaml and meta_sgd
+# The one home of this choice: algorithms ask ``inner_rates`` for their inner step sizes. The
+# normalisation parameters are those the model declares (``Model.norm_paths``, found by layer
+# type; see :func:`declared_norm_paths`), never guessed from names. maml, fomaml and meta_sgd
 # take ``adapt_norm``; ANIL adapts the head only and MAML++ holds its per-step normalisation
 # copies fixed (``per_step_norm``), so neither adapts normalisation parameters; Reptile adapts
 # everything, since its meta-update is the adapted difference: a parameter held fixed in its
 # inner loop would never be meta-learned.
 
 
-def is_norm_parameter(name: str) -> bool:
-    """Whether a parameter path (``"BatchNorm_0/scale"``) names a normalisation parameter.
-
-    True when a path component contains ``"norm"`` (case-insensitive): Conv4's ``norms_0/bias``,
-    Flax's ``BatchNorm_0/scale``, ``LayerNorm_1/bias``.
-    """
-    return any("norm" in part.lower() for part in name.split("/"))
+def declared_norm_paths(objective: Objective) -> frozenset[str]:
+    """The parameter paths (``"norms_0/bias"``) of the objective's model's normalisation layers;
+    empty when the objective has no model (a bare loss)."""
+    return objective.model.norm_paths if objective.model is not None else frozenset()
 
 
-def inner_loop_mask(params: PyTree, *, adapt_norm: bool = True) -> PyTree:
+def inner_loop_mask(
+    params: PyTree, norm_paths: frozenset[str], *, adapt_norm: bool = True
+) -> PyTree:
     """A pytree of bools shaped like ``params``: True where the inner loop adapts the leaf.
 
-    With ``adapt_norm=False`` the normalisation parameters are held fixed in the inner loop (they
-    are still meta-learned by the outer loop), as in Finn et al.'s code, where batch norm's
-    offsets are variables outside the adapted ``weights`` dict.
+    With ``adapt_norm=False`` the normalisation parameters (``norm_paths``, as the model
+    declares them) are held fixed in the inner loop (they are still meta-learned by the outer
+    loop), as in Finn et al.'s code, where batch norm's offsets are variables outside the
+    adapted ``weights`` dict.
 
     >>> params = {"convs_0": {"kernel": 1.0}, "norms_0": {"bias": 0.0}, "head": {"bias": 0.0}}
-    >>> inner_loop_mask(params, adapt_norm=False)
+    >>> inner_loop_mask(params, frozenset({"norms_0/bias"}), adapt_norm=False)
     {'convs_0': {'kernel': True}, 'head': {'bias': True}, 'norms_0': {'bias': False}}
     """
     return jax.tree_util.tree_map_with_path(
-        lambda path, _: adapt_norm or not is_norm_parameter(path_name(path)), params
+        lambda path, _: adapt_norm or path_name(path) not in norm_paths, params
     )
 
 
-def inner_rates(params: PyTree, inner_lr: float | PyTree, *, adapt_norm: bool = True):
+def inner_rates(
+    params: PyTree, inner_lr: float | PyTree, norm_paths: frozenset[str], *, adapt_norm=True
+):
     """Inner step sizes for ``params``: ``inner_lr`` where :func:`inner_loop_mask` adapts, 0 else.
 
     ``inner_lr`` is a scalar or a pytree like ``params`` (Meta-SGD's learned rates). With
     ``adapt_norm=True`` it is returned unchanged (every parameter adapts).
 
     >>> params = {"norms_0": {"bias": 1.0}, "head": {"kernel": 1.0}}
-    >>> inner_rates(params, 0.4, adapt_norm=False)
+    >>> inner_rates(params, 0.4, frozenset({"norms_0/bias"}), adapt_norm=False)
     {'head': {'kernel': 0.4}, 'norms_0': {'bias': 0.0}}
     """
     if adapt_norm:
         return inner_lr
-    mask = inner_loop_mask(params, adapt_norm=adapt_norm)
+    mask = inner_loop_mask(params, norm_paths, adapt_norm=adapt_norm)
     if jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(inner_lr)):
         return jax.tree_util.tree_map(lambda m: inner_lr if m else 0.0, mask)
     return jax.tree_util.tree_map(lambda lr, m: lr if m else jnp.zeros_like(lr), inner_lr, mask)
@@ -168,68 +254,32 @@ def inner_rates(params: PyTree, inner_lr: float | PyTree, *, adapt_norm: bool = 
 
 
 def evaluate_trajectory(
-    model: Model,
-    meta_params_to_trajectory: Callable[[Any, int], PyTree],
+    objective: Objective,
+    trajectory_fn: Callable[[Any, int], PyTree],
     task: Task,
+    ctx: TaskContext,
     steps: Sequence[int],
     to_model_params: Callable[[PyTree], PyTree] = lambda p: p,
 ) -> Metrics:
     """Query metrics at each step count in ``steps`` along one inner-loop trajectory.
 
-    ``meta_params_to_trajectory(support, num_steps)`` returns stacked parameters with a leading
-    axis of ``num_steps + 1`` (as :func:`metalearn.core.adapt_trajectory` does).
-    ``to_model_params`` maps one (unstacked) entry of the trajectory to model parameters, e.g.
-    to put an adapted head back on a shared body (ANIL) without stacking the body.
+    ``trajectory_fn(support, num_steps)`` returns stacked parameters with a leading axis of
+    ``num_steps + 1`` (as :func:`metalearn.core.adapt_trajectory` does). ``to_model_params``
+    maps one (unstacked) entry of the trajectory to model parameters, e.g. to put an adapted
+    head back on a shared body (ANIL) without stacking the body.
     """
     steps = tuple(int(s) for s in steps)
-    trajectory = meta_params_to_trajectory(task.support, max(max(steps), 1))
+    trajectory = trajectory_fn(task.support, max(max(steps), 1))
     picked = jax.tree_util.tree_map(lambda t: t[jnp.asarray(steps)], trajectory)
-    return jax.vmap(lambda p: model.metrics_fn(to_model_params(p), task.query))(picked)
+    return jax.vmap(lambda p: query_metrics(objective, to_model_params(p), ctx, task.query))(picked)
 
 
-def sgd_trajectory_fn(model: Model, params: PyTree, inner_lr: float | PyTree):
-    """``(support, num_steps) -> stacked params`` for plain SGD adaptation from ``params``."""
+def sgd_trajectory_fn(objective: Objective, params: PyTree, inner_lr, ctx: TaskContext):
+    """``(support, num_steps) -> stacked params`` for plain SGD adaptation from ``params``
+    (evaluation mode)."""
+    loss_fn = inner_loss(objective, ctx, train=False)
 
     def trajectory(support, num_steps):
-        return adapt_trajectory(
-            model.loss_fn, params, support, inner_lr=inner_lr, num_steps=num_steps
-        )
+        return adapt_trajectory(loss_fn, params, support, inner_lr=inner_lr, num_steps=num_steps)
 
     return trajectory
-
-
-def query_metrics(model: Model, params: PyTree, task: Task) -> tuple[jax.Array, Metrics]:
-    """``(loss, metrics)`` of ``params`` on the query set, from one forward pass."""
-    outputs = model.apply(params, task.query[0])
-    return model.loss(outputs, task.query[1]), model.metrics(outputs, task.query[1])
-
-
-# --- the outer learning rate some algorithms prescribe --------------------------------------
-
-
-def algorithm_lr_schedule(
-    algorithm_config: Any, learning_rate: float, num_steps: int
-) -> optax.Schedule | None:
-    """The meta learning-rate schedule an algorithm's config prescribes, or None.
-
-    Algorithms whose config has ``meta_lr_schedule = "cosine"`` (MAML++) train with a cosine
-    decay from ``learning_rate`` to ``learning_rate * meta_lr_final_fraction`` over
-    ``num_steps`` meta-steps; the runner uses this schedule in place of its own. ``None``
-    (every other algorithm, or ``meta_lr_schedule = "optimizer"``) leaves the choice to the
-    optimiser config.
-
-    >>> from metalearn.algorithms.mamlpp import MAMLPPConfig
-    >>> schedule = algorithm_lr_schedule(MAMLPPConfig(), 1e-3, 100)
-    >>> round(float(schedule(0)), 8), round(float(schedule(100)), 8)
-    (0.001, 1e-05)
-    >>> from metalearn.algorithms.maml import MAMLConfig
-    >>> algorithm_lr_schedule(MAMLConfig(), 1e-3, 100) is None
-    True
-    """
-    kind = getattr(algorithm_config, "meta_lr_schedule", "optimizer")
-    if kind == "optimizer":
-        return None
-    if kind == "cosine":
-        final = getattr(algorithm_config, "meta_lr_final_fraction", 0.0)
-        return optax.cosine_decay_schedule(learning_rate, max(int(num_steps), 1), alpha=final)
-    raise ValueError(f"algorithm.meta_lr_schedule must be 'cosine' or 'optimizer', got {kind!r}")

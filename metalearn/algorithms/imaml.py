@@ -1,7 +1,7 @@
 """Implicit MAML (Rajeswaran, Finn, Kakade and Levine 2019): implicit meta-gradients.
 
 The inner problem is proximal: ``phi = argmin_phi L_support(phi) + (lam / 2) |phi - theta|^2``,
-solved approximately by ``num_steps`` steps of gradient descent (the paper) or Adam from
+solved approximately by ``inner_steps`` steps of gradient descent (the paper) or Adam from
 ``theta``; nothing is differentiated through those steps (``stop_gradient``). At an exact
 solution ``d phi / d theta = (I + H / lam)^{-1}`` with ``H`` the Hessian of ``L_support`` at
 ``phi``, so the meta-gradient is ``x`` solving ``(I + H / lam) x = grad L_query(phi)``:
@@ -15,9 +15,9 @@ initialisation to where the support loss is sharply curved for some tasks; then 
 inner descent diverges (NaN within ~1,000 meta-steps at meta-batch 25), and ``I + H / lam``
 becomes indefinite, where 5 CG iterations return meta-gradients 100x the query gradient.
 
-Memory does not grow with ``num_steps``: no inner-loop activations are kept for a backward pass.
+Memory does not grow with ``inner_steps``: no inner-loop activations are kept for a backward pass.
 The inner loop is a rolled ``lax.scan`` (``unroll=1``): nothing differentiates through it, and
-compile time stays flat in ``num_steps`` (unrolled, 200 steps of the sinusoid MLP take minutes
+compile time stays flat in ``inner_steps`` (unrolled, 200 steps of the sinusoid MLP take minutes
 to compile on CPU).
 """
 
@@ -37,36 +37,36 @@ from metalearn.algorithms.base import (
     check_nonnegative,
     check_positive,
     evaluate_trajectory,
-    query_metrics,
+    inner_loss,
+    query_loss,
+    with_config,
 )
 from metalearn.core import adapt, adapt_trajectory, cg_solve, hvp
-from metalearn.data.task import Task
-from metalearn.models.base import Model
+from metalearn.data.task import Objective, Task
 from metalearn.registry import ALGORITHMS
 
 INNER_OPTIMIZERS = ("sgd", "adam")
 CURVATURES = ("hessian", "gauss_newton")
 
 
-def gauss_newton_vp(model: Model, params, batch, v):
-    """``J^T H_out J v``: the generalised Gauss-Newton matrix of ``model.loss_fn`` at ``params``.
+def gauss_newton_vp(predict, output_loss, params, batch, v):
+    """``J^T H_out J v``: the generalised Gauss-Newton matrix of
+    ``output_loss(predict(params, batch), batch)`` at ``params``.
 
-    ``J`` is the Jacobian of ``model.apply(., x)`` and ``H_out`` the Hessian of ``model.loss``
+    ``J`` is the Jacobian of ``predict(., batch)`` and ``H_out`` the Hessian of ``output_loss``
     with respect to the outputs (positive semi-definite for squared error and softmax
     cross-entropy), so the product is positive semi-definite too.
 
     >>> import jax.numpy as jnp
-    >>> from metalearn.models.base import Model
-    >>> model = Model(init=None, apply=lambda w, x: jnp.tanh(x @ w),
-    ...               loss=lambda out, y: 0.5 * jnp.sum((out - y) ** 2), metrics=None)
+    >>> predict = lambda w, batch: jnp.tanh(batch[0] @ w)
+    >>> output_loss = lambda out, batch: 0.5 * jnp.sum((out - batch[1]) ** 2)
     >>> x, w = jnp.array([[1.0, 2.0]]), jnp.array([0.0, 0.0])   # J = x at w = 0, H_out = 1
-    >>> gauss_newton_vp(model, w, (x, jnp.ones(1)), jnp.array([1.0, 0.0]))   # x^T x v
+    >>> gauss_newton_vp(predict, output_loss, w, (x, jnp.ones(1)), jnp.array([1.0, 0.0]))
     Array([1., 2.], dtype=float32)
     """
-    x, y = batch
-    outputs, jv = jax.jvp(lambda p: model.apply(p, x), (params,), (v,))
-    h_jv = hvp(lambda out: model.loss(out, y), outputs, jv)
-    _, pullback = jax.vjp(lambda p: model.apply(p, x), params)
+    outputs, jv = jax.jvp(lambda p: predict(p, batch), (params,), (v,))
+    h_jv = hvp(lambda out: output_loss(out, batch), outputs, jv)
+    _, pullback = jax.vjp(lambda p: predict(p, batch), params)
     return pullback(h_jv)[0]
 
 
@@ -74,7 +74,7 @@ def gauss_newton_vp(model: Model, params, batch, v):
 class IMAMLConfig:
     name: str = "imaml"
     inner_lr: float = 0.01
-    num_steps: int = 20
+    inner_steps: int = 20
     lam: float = 20.0
     cg_iters: int = 5
     cg_tol: float = 1e-6
@@ -88,95 +88,94 @@ def _squared_distance(a, b) -> jax.Array:
 
 
 @ALGORITHMS.register("imaml", IMAMLConfig)
-def imaml(
-    model: Model,
-    *,
-    inner_lr: float = 0.01,
-    num_steps: int = 20,
-    lam: float = 20.0,
-    cg_iters: int = 5,
-    cg_tol: float = 1e-6,
-    inner_optimizer: str = "adam",
-    curvature: str = "gauss_newton",
-) -> MetaLearner:
+def imaml(objective: Objective, config: IMAMLConfig | None = None, **overrides) -> MetaLearner:
     """iMAML: proximal inner loop (strength ``lam``), implicit meta-gradient by CG.
 
-    ``num_steps`` steps of ``inner_optimizer`` (``"sgd"``, or ``"adam"``: ``optax.adam``, whose
-    bounded steps cannot diverge) at rate ``inner_lr`` on
+    ``inner_steps`` steps of ``inner_optimizer`` (``"sgd"``, or ``"adam"``: ``optax.adam``,
+    whose bounded steps cannot diverge) at rate ``inner_lr`` on
     ``L_support(phi) + lam/2 |phi - theta|^2``;
     then ``cg_iters`` conjugate-gradient iterations (stopping early at relative residual
     ``cg_tol``) on ``(I + H / lam) x = grad L_query(phi)``. The meta-parameters are the model
-        parameters. Evaluation fine-tunes with the same proximal objective. The defaults suit the
+    parameters. Evaluation fine-tunes with the same proximal objective. The defaults suit the
     sinusoid MLP, whose support-loss Hessian has eigenvalues up to ~200 at initialisation: a large
     ``lam`` keeps ``I + H / lam`` well conditioned for a 5-step CG. The paper's variant is
     ``inner_optimizer="sgd", curvature="hessian"`` (see the module docstring for why it is not
-    the default).
+    the default). ``curvature="gauss_newton"`` needs an objective that declares its
+    ``gauss_newton`` split (supervised objectives do).
 
     >>> import jax, jax.numpy as jnp
+    >>> from metalearn.algorithms.base import context
     >>> from metalearn.data.sinusoid import sinusoid
+    >>> from metalearn.data.task import family_objective
     >>> from metalearn.models.base import model_from_flax
     >>> from metalearn.models.mlp import MLP
-    >>> model = model_from_flax(MLP((40, 40), 1), (1,), "regression")
-    >>> learner = imaml(model, inner_lr=0.01, num_steps=20, lam=20.0, cg_iters=5)
-    >>> theta = learner.init(jax.random.key(0), model.init(jax.random.key(1)))
     >>> tasks = sinusoid()
+    >>> model = model_from_flax(MLP((40, 40), 1), (1,))
+    >>> learner = imaml(family_objective(tasks, model), inner_steps=20, lam=20.0, cg_iters=5)
+    >>> params, state = model.init(jax.random.key(1))
+    >>> theta, ctx = learner.init(jax.random.key(0), params), context(state)
     >>> task = tasks.sample(tasks.splits["train"], jax.random.key(2), 10)
-    >>> grads, metrics = jax.jit(learner.task_grad)(theta, task, 0.0)
-    >>> evaluate = jax.jit(learner.evaluate, static_argnums=2)
-    >>> grads["head"]["kernel"].shape, evaluate(theta, task, (0, 20))["mse"].shape
+    >>> grads, aux = jax.jit(learner.task_grad)(theta, task, ctx)
+    >>> evaluate = jax.jit(learner.evaluate, static_argnums=3)
+    >>> grads["head"]["kernel"].shape, evaluate(theta, task, ctx, (0, 20))["mse"].shape
     ((40, 1), (2,))
     """
-    check_inner_loop_settings(inner_lr, num_steps)
-    check_positive("lam", lam)
-    check_count("cg_iters", cg_iters)
-    check_nonnegative("cg_tol", cg_tol)
-    check_choice("inner_optimizer", inner_optimizer, INNER_OPTIMIZERS)
-    check_choice("curvature", curvature, CURVATURES)
-    solver = {"optimizer": optax.adam(inner_lr)} if inner_optimizer == "adam" else {}
-    solver = solver or {"inner_lr": inner_lr}
-
-    def proximal_loss(theta):
-        anchor = jax.lax.stop_gradient(theta)
-        return lambda phi, batch: (
-            model.loss_fn(phi, batch) + 0.5 * lam * _squared_distance(phi, anchor)
+    c = with_config(IMAMLConfig, config, overrides)
+    check_inner_loop_settings(c.inner_lr, c.inner_steps)
+    check_positive("lam", c.lam)
+    check_count("cg_iters", c.cg_iters)
+    check_nonnegative("cg_tol", c.cg_tol)
+    check_choice("inner_optimizer", c.inner_optimizer, INNER_OPTIMIZERS)
+    check_choice("curvature", c.curvature, CURVATURES)
+    if c.curvature == "gauss_newton" and objective.gauss_newton is None:
+        raise ValueError(
+            "algorithm.curvature=gauss_newton needs a loss of the form output_loss(predict(...))"
+            " (Objective.gauss_newton); this task family has none: use curvature=hessian"
         )
+    solver = {"optimizer": optax.adam(c.inner_lr)} if c.inner_optimizer == "adam" else {}
+    solver = solver or {"inner_lr": c.inner_lr}
+
+    def proximal_loss(theta, ctx, train=True):
+        anchor = jax.lax.stop_gradient(theta)
+        loss_fn = inner_loss(objective, ctx, train)
+        return lambda phi, batch: loss_fn(phi, batch) + 0.5 * c.lam * _squared_distance(phi, anchor)
 
     def init(key, model_params):
         del key
         return model_params
 
-    def adapt_params(theta, support, steps=num_steps):
+    def adapt_params(theta, support, ctx, steps=c.inner_steps):
         theta = jax.lax.stop_gradient(theta)
-        phi = adapt(proximal_loss(theta), theta, support, num_steps=steps, unroll=1, **solver)
+        phi = adapt(proximal_loss(theta, ctx), theta, support, num_steps=steps, unroll=1, **solver)
         return jax.lax.stop_gradient(phi)
 
-    def task_grad(theta, task: Task, progress):
-        del progress
-        phi = adapt_params(theta, task.support)
-        (_, metrics), query_grad = jax.value_and_grad(
-            lambda p: query_metrics(model, p, task), has_aux=True
+    def task_grad(theta, task: Task, ctx):
+        phi = adapt_params(theta, task.support, ctx)
+        (_, aux), query_grad = jax.value_and_grad(
+            lambda p: query_loss(objective, p, ctx, task.query), has_aux=True
         )(phi)
-
-        def support_loss(p):
-            return model.loss_fn(p, task.support)
+        support_loss = inner_loss(objective, ctx)
 
         def curvature_vp(v):
-            if curvature == "gauss_newton":
-                return gauss_newton_vp(model, phi, task.support, v)
-            return hvp(support_loss, phi, v)
+            if c.curvature == "gauss_newton":
+                predict, output_loss = objective.gauss_newton
+                key = None if ctx.key is None else jax.random.fold_in(ctx.key, 0)
+                predict_p = lambda p, b: predict(p, ctx.model_state, key, b)  # noqa: E731
+                return gauss_newton_vp(predict_p, output_loss, phi, task.support, v)
+            return hvp(lambda p: support_loss(p, task.support), phi, v)
 
         def matvec(v):
-            return jax.tree_util.tree_map(lambda vi, hvi: vi + hvi / lam, v, curvature_vp(v))
+            return jax.tree_util.tree_map(lambda vi, hvi: vi + hvi / c.lam, v, curvature_vp(v))
 
-        meta_grad = cg_solve(matvec, query_grad, max_iters=cg_iters, tol=cg_tol).x
-        return meta_grad, metrics
+        meta_grad = cg_solve(matvec, query_grad, max_iters=c.cg_iters, tol=c.cg_tol).x
+        return meta_grad, aux
 
-    def evaluate(theta, task: Task, steps):
+    def evaluate(theta, task: Task, ctx, steps):
+        loss_fn = proximal_loss(theta, ctx, train=False)
+
         def trajectory(support, n):
-            return adapt_trajectory(
-                proximal_loss(theta), theta, support, num_steps=n, unroll=1, **solver
-            )
+            return adapt_trajectory(loss_fn, theta, support, num_steps=n, unroll=1, **solver)
 
-        return evaluate_trajectory(model, trajectory, task, steps)
+        return evaluate_trajectory(objective, trajectory, task, ctx, steps)
 
     return MetaLearner(init, task_grad, evaluate, adapt_params)

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
-
 from metalearn.algorithms.base import (
     MetaLearner,
+    check_count,
     check_inner_loop_settings,
+    declared_norm_paths,
     evaluate_trajectory,
+    inner_loss,
     inner_rates,
-    query_metrics,
     sgd_trajectory_fn,
+    value_and_grad_of_query,
+    with_config,
 )
 from metalearn.core import adapt
-from metalearn.data.task import Task
-from metalearn.models.base import Model
+from metalearn.data.task import Objective, Task
 from metalearn.registry import ALGORITHMS
 
 
@@ -24,9 +25,10 @@ from metalearn.registry import ALGORITHMS
 class MAMLConfig:
     name: str = "maml"
     inner_lr: float = 0.01
-    num_steps: int = 1
+    inner_steps: int = 1
     first_order: bool = False
-    remat: bool = False
+    remat: bool = False  # rematerialise each inner step in the backward pass (jax.checkpoint)
+    unroll: int | None = None  # None: core.adapt's default; k: a lax.scan, k steps per iteration
     adapt_norm: bool = True  # False: normalisation parameters are meta-learned, not adapted
 
 
@@ -37,99 +39,87 @@ class FOMAMLConfig(MAMLConfig):
 
 
 @ALGORITHMS.register("maml", MAMLConfig)
-def maml(
-    model: Model,
-    *,
-    inner_lr: float = 0.01,
-    num_steps: int = 1,
-    first_order: bool = False,
-    remat: bool = False,
-    adapt_norm: bool = True,
-) -> MetaLearner:
-    """MAML: meta-learn an initialisation that adapts in ``num_steps`` SGD steps.
+def maml(objective: Objective, config: MAMLConfig | None = None, **overrides) -> MetaLearner:
+    """MAML: meta-learn an initialisation that adapts in ``inner_steps`` SGD steps.
 
-    The meta-parameters are the model parameters. ``first_order=True`` is FOMAML.
-    ``adapt_norm=False`` holds the normalisation parameters fixed in the inner loop (they are
-    meta-learned only), as Finn et al.'s code does with batch norm
+    The meta-parameters are the model parameters. ``first_order=True`` is FOMAML. Settings
+    come from ``config`` (default :class:`MAMLConfig`) with ``overrides`` applied.
+    ``adapt_norm=False`` holds the model's normalisation parameters fixed in the inner loop (they
+    are meta-learned only), as Finn et al.'s code does with batch norm
     (:func:`metalearn.algorithms.base.inner_loop_mask`).
 
     >>> import jax, jax.numpy as jnp
+    >>> from metalearn.algorithms.base import context
     >>> from metalearn.data.sinusoid import sinusoid
+    >>> from metalearn.data.task import family_objective
     >>> from metalearn.models.base import model_from_flax
     >>> from metalearn.models.mlp import MLP
-    >>> model = model_from_flax(MLP((40, 40), 1), (1,), "regression")
-    >>> learner = maml(model, inner_lr=0.01)
-    >>> meta_params = learner.init(jax.random.key(0), model.init(jax.random.key(1)))
     >>> tasks = sinusoid()
+    >>> objective = family_objective(tasks, model_from_flax(MLP((40, 40), 1), (1,)))
+    >>> learner = maml(objective, inner_lr=0.01)
+    >>> params, state = objective.model.init(jax.random.key(1))
+    >>> meta_params = learner.init(jax.random.key(0), params)
     >>> task = tasks.sample(tasks.splits["train"], jax.random.key(2), 10)
-    >>> grads, metrics = learner.task_grad(meta_params, task, 0.0)
-    >>> sorted(metrics), learner.evaluate(meta_params, task, (0, 1, 5))["mse"].shape
+    >>> grads, aux = learner.task_grad(meta_params, task, context(state))
+    >>> sorted(aux.metrics), learner.evaluate(meta_params, task, context(state), (0, 1, 5))[
+    ...     "mse"].shape
     (['mse'], (3,))
     """
-    check_inner_loop_settings(inner_lr, num_steps)
+    c = with_config(MAMLConfig, config, overrides)
+    check_inner_loop_settings(c.inner_lr, c.inner_steps)
+    if c.unroll is not None:
+        check_count("unroll", c.unroll)
+    norm_paths = declared_norm_paths(objective)
+
+    def rates(params):
+        return inner_rates(params, c.inner_lr, norm_paths, adapt_norm=c.adapt_norm)
 
     def init(key, model_params):
         del key
         return model_params
 
-    def adapt_params(params, support, steps=num_steps):
+    def adapt_params(params, support, ctx, steps=c.inner_steps):
         return adapt(
-            model.loss_fn,
+            inner_loss(objective, ctx),
             params,
             support,
-            inner_lr=inner_rates(params, inner_lr, adapt_norm=adapt_norm),
+            inner_lr=rates(params),
             num_steps=steps,
-            first_order=first_order,
-            remat=remat,
+            first_order=c.first_order,
+            remat=c.remat,
+            unroll=c.unroll,
         )
 
-    def task_grad(params, task: Task, progress):
-        del progress
+    def task_grad(params, task: Task, ctx):
+        adapted = lambda p: adapt_params(p, task.support, ctx)  # noqa: E731
+        return value_and_grad_of_query(objective, adapted, task, ctx)(params)
 
-        def query_loss(p):
-            return query_metrics(model, adapt_params(p, task.support), task)
-
-        (_, metrics), grads = jax.value_and_grad(query_loss, has_aux=True)(params)
-        return grads, metrics
-
-    def evaluate(params, task: Task, steps):
-        rates = inner_rates(params, inner_lr, adapt_norm=adapt_norm)
-        return evaluate_trajectory(model, sgd_trajectory_fn(model, params, rates), task, steps)
+    def evaluate(params, task: Task, ctx, steps):
+        trajectory = sgd_trajectory_fn(objective, params, rates(params), ctx)
+        return evaluate_trajectory(objective, trajectory, task, ctx, steps)
 
     return MetaLearner(init, task_grad, evaluate, adapt_params)
 
 
 @ALGORITHMS.register("fomaml", FOMAMLConfig)
-def fomaml(
-    model: Model,
-    *,
-    inner_lr=0.01,
-    num_steps=1,
-    first_order=True,
-    remat=False,
-    adapt_norm=True,
-):
+def fomaml(objective: Objective, config: FOMAMLConfig | None = None, **overrides) -> MetaLearner:
     """First-order MAML: :func:`maml` with gradients stopped through the inner gradients.
 
     The meta-gradient is the query-loss gradient at the adapted parameters.
 
     >>> import jax, jax.numpy as jnp
-    >>> from metalearn.models.base import Model
-    >>> model = Model(init=lambda key: jnp.zeros(2), apply=lambda w, x: x @ w,
-    ...               loss=lambda out, y: 0.5 * jnp.mean((out - y) ** 2),
-    ...               metrics=lambda out, y: {})
+    >>> from metalearn.algorithms.base import context
+    >>> from metalearn.data.task import Aux, Objective
+    >>> def loss(w, state, key, batch, train=True):
+    ...     x, y = batch
+    ...     return 0.5 * jnp.mean((x @ w - y) ** 2), Aux(state, {})
+    >>> objective = Objective(None, loss, "loss", False)
     >>> task = Task(support=(jnp.eye(2), jnp.ones(2)), query=(jnp.eye(2), 3 * jnp.ones(2)))
-    >>> grads, _ = fomaml(model, inner_lr=1.0).task_grad(jnp.zeros(2), task, 0.0)
+    >>> grads, _ = fomaml(objective, inner_lr=1.0).task_grad(jnp.zeros(2), task, context())
     >>> grads   # adapted w = [0.5, 0.5]; d/dw 0.5 mean((w - 3)^2) = (w - 3) / 2
     Array([-1.25, -1.25], dtype=float32)
     """
-    if not first_order:
+    c = with_config(FOMAMLConfig, config, overrides)
+    if not c.first_order:
         raise ValueError("algorithm=fomaml is first order; use algorithm=maml for second order")
-    return maml(
-        model,
-        inner_lr=inner_lr,
-        num_steps=num_steps,
-        first_order=True,
-        remat=remat,
-        adapt_norm=adapt_norm,
-    )
+    return maml(objective, MAMLConfig(**{**dataclasses.asdict(c), "name": "maml"}))

@@ -5,7 +5,7 @@ What is implemented, in the paper's terms:
 - **Multi-step loss (MSL)**: the meta-loss is a weighted sum of the query losses after every
   inner step. The weights start uniform and anneal toward the last step over the first
   ``msl_fraction`` of training (the reference code's schedule, with a floor of ``0.03 /
-  num_steps`` for the earlier steps); afterwards only the last step counts.
+  inner_steps`` for the earlier steps); afterwards only the last step counts.
 - **LSLR**: a learned inner rate per parameter entry (per layer, per weight/bias) and per step:
   ``inner_lr * inner_lr_scale[name][step]``, the meta-parameters ``inner_lr_scale`` starting at
   1. Learning the multiplier rather than the rate itself keeps the outer optimiser's steps
@@ -13,22 +13,23 @@ What is implemented, in the paper's terms:
   learned directly with Adam at 1e-3 change by ~10% a step, flip sign within a few hundred steps
   and make the inner loop diverge (seen on sinusoid); multipliers of 1 change by ~0.1%.
 - **Derivative-order annealing (DA)**: first-order meta-gradients while
-  ``progress < first_order_fraction``, second-order afterwards. ``progress`` is a traced scalar,
-  so both gradients are compiled into one step and ``lax.cond`` runs one of them: keep
-  ``progress`` unbatched when vmapping ``task_grad`` over tasks (``in_axes=(None, 0, None)``),
-  or ``cond`` turns into a select that computes both.
-- **Per-step batch-norm weights (BNWB)**: with ``per_step_norm``, every parameter whose path has
-  a component containing ``"norm"`` (case-insensitive: ``BatchNorm_0/scale``, ``LayerNorm``...)
-  gets ``num_steps`` meta-learned copies; the forward pass after ``k`` inner steps uses copy
+  ``progress < first_order_fraction``, second-order afterwards. ``progress`` is
+  ``ctx.step / ctx.meta_steps`` (the integer step of the training state), a traced scalar, so
+  both gradients are compiled into one step and ``lax.cond`` runs one of them: keep the step
+  unbatched when vmapping ``task_grad`` over tasks, or ``cond`` turns into a select that
+  computes both.
+- **Per-step batch-norm weights (BNWB)**: with ``per_step_norm``, every parameter of a
+  normalisation layer (``Model.norm_paths``: the model declares them, found by layer type)
+  gets ``inner_steps`` meta-learned copies; the forward pass after ``k`` inner steps uses copy
   ``k`` (``k = 0`` is the parameter itself). These parameters are not adapted in the inner
   loop (as in the reference code).
-- **Cosine-annealed meta learning rate (CA)**: the config carries ``meta_lr_schedule="cosine"``
-  and ``meta_lr_final_fraction``; the runner builds the schedule with
-  :func:`metalearn.algorithms.base.algorithm_lr_schedule`. The learner itself cannot do it.
+- **Cosine-annealed meta learning rate (CA)**: the outer schedule has one home, the experiment's
+  ``optimizer`` config; ``conf/algorithm/mamlpp.yaml`` recommends ``optimizer.schedule=cosine``
+  with ``optimizer.final_lr_fraction=0.01``, which any experiment or command line overrides.
 
 Not implemented: per-step batch-norm *running statistics* (BNRS). The models here normalise with
 the current batch's statistics and keep no running statistics, so there is nothing to keep per
-step. Evaluating for more steps than ``num_steps`` reuses the last step's rates and norm copy.
+step. Evaluating for more steps than ``inner_steps`` reuses the last step's rates and norm copy.
 """
 
 from __future__ import annotations
@@ -40,16 +41,18 @@ import jax.numpy as jnp
 
 from metalearn.algorithms.base import (
     MetaLearner,
-    check_choice,
     check_fraction,
     check_inner_loop_settings,
-    is_norm_parameter,
+    declared_norm_paths,
+    inner_loss,
     named_leaves,
     path_name,
+    query_loss,
+    query_metrics,
+    with_config,
 )
 from metalearn.core import adapt
-from metalearn.data.task import Task
-from metalearn.models.base import Model
+from metalearn.data.task import Aux, Objective, Task
 from metalearn.registry import ALGORITHMS
 
 
@@ -57,13 +60,11 @@ from metalearn.registry import ALGORITHMS
 class MAMLPPConfig:
     name: str = "mamlpp"
     inner_lr: float = 0.01
-    num_steps: int = 5
+    inner_steps: int = 5
     learn_inner_lr: bool = True
     msl_fraction: float = 0.1
     first_order_fraction: float = 0.3
     per_step_norm: bool = True
-    meta_lr_schedule: str = "cosine"
-    meta_lr_final_fraction: float = 0.01
 
 
 def multi_step_loss_weights(progress: jax.Array, num_steps: int, msl_fraction: float) -> jax.Array:
@@ -94,58 +95,54 @@ def multi_step_loss_weights(progress: jax.Array, num_steps: int, msl_fraction: f
 
 
 @ALGORITHMS.register("mamlpp", MAMLPPConfig)
-def mamlpp(
-    model: Model,
-    *,
-    inner_lr: float = 0.01,
-    num_steps: int = 5,
-    learn_inner_lr: bool = True,
-    msl_fraction: float = 0.1,
-    first_order_fraction: float = 0.3,
-    per_step_norm: bool = True,
-    meta_lr_schedule: str = "cosine",
-    meta_lr_final_fraction: float = 0.01,
-) -> MetaLearner:
+def mamlpp(objective: Objective, config: MAMLPPConfig | None = None, **overrides) -> MetaLearner:
     """MAML++: multi-step loss, per-layer per-step rates, derivative-order annealing, per-step
     normalisation weights (see the module docstring).
 
-    Meta-parameters: ``{"params": theta, "inner_lr_scale": {name: [num_steps]}, "norm": {name:
-    [num_steps, *shape]}}`` (``inner_lr_scale`` only with ``learn_inner_lr``, ``norm`` only with
-    ``per_step_norm`` and normalisation parameters in the model). ``msl_fraction`` and
-    ``first_order_fraction`` are fractions of training (``progress``); 0 turns the feature off.
+    Meta-parameters: ``{"params": theta, "inner_lr_scale": {name: [inner_steps]}, "norm":
+    {name: [inner_steps, *shape]}}`` (``inner_lr_scale`` only with ``learn_inner_lr``, ``norm``
+    only with ``per_step_norm`` and normalisation parameters in the model). ``msl_fraction`` and
+    ``first_order_fraction`` are fractions of training (``ctx.progress()``); 0 turns the
+    feature off.
 
     >>> import jax, jax.numpy as jnp
+    >>> from metalearn.algorithms.base import context
     >>> from metalearn.data.sinusoid import sinusoid
+    >>> from metalearn.data.task import family_objective
     >>> from metalearn.models.base import model_from_flax
     >>> from metalearn.models.mlp import MLP
-    >>> model = model_from_flax(MLP((40, 40), 1), (1,), "regression")
-    >>> learner = mamlpp(model, inner_lr=0.01, num_steps=3)
-    >>> meta_params = learner.init(jax.random.key(0), model.init(jax.random.key(1)))
+    >>> tasks = sinusoid()
+    >>> model = model_from_flax(MLP((40, 40), 1), (1,))
+    >>> learner = mamlpp(family_objective(tasks, model), inner_lr=0.01, inner_steps=3)
+    >>> params, state = model.init(jax.random.key(1))
+    >>> meta_params = learner.init(jax.random.key(0), params)
     >>> len(meta_params["inner_lr_scale"]), meta_params["inner_lr_scale"]["hidden_0/kernel"].shape
     (6, (3,))
-    >>> tasks = sinusoid()
     >>> task = tasks.sample(tasks.splits["train"], jax.random.key(2), 10)
-    >>> grads, metrics = jax.jit(learner.task_grad)(meta_params, task, 0.5)
-    >>> jax.jit(learner.evaluate, static_argnums=2)(meta_params, task, (0, 1, 3, 5))["mse"].shape
+    >>> ctx = context(state, step=50, meta_steps=100)
+    >>> grads, aux = jax.jit(learner.task_grad)(meta_params, task, ctx)
+    >>> jax.jit(learner.evaluate, static_argnums=3)(meta_params, task, ctx, (0, 1, 3, 5))[
+    ...     "mse"].shape
     (4,)
     """
-    check_inner_loop_settings(inner_lr, num_steps)
-    check_fraction("msl_fraction", msl_fraction)
-    check_fraction("first_order_fraction", first_order_fraction)
-    check_choice("meta_lr_schedule", meta_lr_schedule, ("cosine", "optimizer"))
-    check_fraction("meta_lr_final_fraction", meta_lr_final_fraction)
+    c = with_config(MAMLPPConfig, config, overrides)
+    num_steps = c.inner_steps
+    check_inner_loop_settings(c.inner_lr, num_steps)
+    check_fraction("msl_fraction", c.msl_fraction)
+    check_fraction("first_order_fraction", c.first_order_fraction)
+    declared_norms = declared_norm_paths(objective)
 
     def norm_names(params) -> list[str]:
-        if not per_step_norm:
+        if not c.per_step_norm:
             return []
-        return [name for name in named_leaves(params) if is_norm_parameter(name)]
+        return [name for name in named_leaves(params) if name in declared_norms]
 
     def init(key, model_params):
         del key
         meta_params = {"params": model_params}
         leaves = named_leaves(model_params)
         norms = norm_names(model_params)
-        if learn_inner_lr:
+        if c.learn_inner_lr:
             meta_params["inner_lr_scale"] = {
                 name: jnp.ones((num_steps,), jnp.asarray(leaf).dtype)
                 for name, leaf in leaves.items()
@@ -179,55 +176,57 @@ def mamlpp(
             name = path_name(path)
             if name in norms:
                 return jnp.zeros((), jnp.asarray(leaf).dtype)
-            return inner_lr * learned[name][k] if learned is not None else inner_lr
+            return c.inner_lr * learned[name][k] if learned is not None else c.inner_lr
 
         return jax.tree_util.tree_map_with_path(rate, meta_params["params"])
 
-    def inner_steps(meta_params, support, steps: int, first_order: bool):
+    def trajectory_of(meta_params, support, ctx, steps: int, first_order: bool, train=True):
         """Model parameters after 0, 1, ..., ``steps`` inner steps (a list)."""
+        loss_fn = inner_loss(objective, ctx, train)
         fast = meta_params["params"]
         trajectory = [with_norm(meta_params, fast, 0)]
         for k in range(steps):
-            loss_k = lambda p, b, k=k: model.loss_fn(with_norm(meta_params, p, k), b)  # noqa: E731
+            loss_k = lambda p, b, k=k: loss_fn(with_norm(meta_params, p, k), b)  # noqa: E731
             fast = adapt(
                 loss_k, fast, support, inner_lr=rates_at(meta_params, k), first_order=first_order
             )
             trajectory.append(with_norm(meta_params, fast, k + 1))
         return trajectory
 
-    def meta_loss(meta_params, task: Task, weights, first_order: bool):
-        trajectory = inner_steps(meta_params, task.support, num_steps, first_order)
-        outputs = [model.apply(p, task.query[0]) for p in trajectory[1:]]
-        losses = jnp.stack([model.loss(out, task.query[1]) for out in outputs])
-        return jnp.sum(weights * losses), model.metrics(outputs[-1], task.query[1])
+    def meta_loss(meta_params, task: Task, ctx, weights, first_order: bool):
+        trajectory = trajectory_of(meta_params, task.support, ctx, num_steps, first_order)
+        results = [query_loss(objective, p, ctx, task.query) for p in trajectory[1:]]
+        losses = jnp.stack([loss for loss, _ in results])
+        return jnp.sum(weights * losses), results[-1][1]
 
-    def task_grad(meta_params, task: Task, progress):
-        weights = multi_step_loss_weights(progress, num_steps, msl_fraction)
+    def task_grad(meta_params, task: Task, ctx) -> tuple[dict, Aux]:
+        progress = ctx.progress()
+        weights = multi_step_loss_weights(progress, num_steps, c.msl_fraction)
 
         def grad(first_order: bool):
             def run(mp):
-                (_, metrics), grads = jax.value_and_grad(meta_loss, has_aux=True)(
-                    mp, task, weights, first_order
+                (_, aux), grads = jax.value_and_grad(meta_loss, has_aux=True)(
+                    mp, task, ctx, weights, first_order
                 )
-                return grads, metrics
+                return grads, aux
 
             return run
 
-        if first_order_fraction <= 0:
+        if c.first_order_fraction <= 0:
             return grad(False)(meta_params)
-        if first_order_fraction >= 1:
+        if c.first_order_fraction >= 1:
             return grad(True)(meta_params)
-        return jax.lax.cond(
-            jnp.asarray(progress) < first_order_fraction, grad(True), grad(False), meta_params
-        )
+        return jax.lax.cond(progress < c.first_order_fraction, grad(True), grad(False), meta_params)
 
-    def evaluate(meta_params, task: Task, steps):
+    def evaluate(meta_params, task: Task, ctx, steps):
         steps = tuple(int(s) for s in steps)
-        trajectory = inner_steps(meta_params, task.support, max(steps), first_order=True)
+        trajectory = trajectory_of(
+            meta_params, task.support, ctx, max(steps), first_order=True, train=False
+        )
         picked = jax.tree_util.tree_map(lambda *ps: jnp.stack(ps), *[trajectory[s] for s in steps])
-        return jax.vmap(lambda p: model.metrics_fn(p, task.query))(picked)
+        return jax.vmap(lambda p: query_metrics(objective, p, ctx, task.query))(picked)
 
-    def adapt_params(meta_params, support, steps=num_steps):
-        return inner_steps(meta_params, support, steps, first_order=False)[-1]
+    def adapt_params(meta_params, support, ctx, steps=num_steps):
+        return trajectory_of(meta_params, support, ctx, steps, first_order=False)[-1]
 
     return MetaLearner(init, task_grad, evaluate, adapt_params)

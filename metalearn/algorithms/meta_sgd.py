@@ -16,14 +16,16 @@ import jax.numpy as jnp
 from metalearn.algorithms.base import (
     MetaLearner,
     check_inner_loop_settings,
+    declared_norm_paths,
     evaluate_trajectory,
+    inner_loss,
     inner_rates,
-    query_metrics,
     sgd_trajectory_fn,
+    value_and_grad_of_query,
+    with_config,
 )
 from metalearn.core import adapt
-from metalearn.data.task import Task
-from metalearn.models.base import Model
+from metalearn.data.task import Objective, Task
 from metalearn.registry import ALGORITHMS
 
 
@@ -31,73 +33,69 @@ from metalearn.registry import ALGORITHMS
 class MetaSGDConfig:
     name: str = "meta_sgd"
     inner_lr: float = 0.01
-    num_steps: int = 1
+    inner_steps: int = 1
     first_order: bool = False
     adapt_norm: bool = True  # False: normalisation parameters are meta-learned, not adapted
 
 
 @ALGORITHMS.register("meta_sgd", MetaSGDConfig)
-def meta_sgd(
-    model: Model,
-    *,
-    inner_lr: float = 0.01,
-    num_steps: int = 1,
-    first_order: bool = False,
-    adapt_norm: bool = True,
-) -> MetaLearner:
+def meta_sgd(objective: Objective, config: MetaSGDConfig | None = None, **overrides) -> MetaLearner:
     """Meta-SGD: meta-parameters ``{"params": theta, "inner_lr": alpha}``.
 
     ``alpha`` starts at ``inner_lr`` for every parameter entry. ``first_order=True`` stops
     gradients through the inner gradients; the rates still get a gradient (through the update
-    ``-alpha * grad``). ``adapt_norm=False`` zeroes the rates of normalisation parameters (they
-    are meta-learned only; :func:`metalearn.algorithms.base.inner_loop_mask`).
+    ``-alpha * grad``). ``adapt_norm=False`` zeroes the rates of the model's normalisation
+    parameters (they are meta-learned only; :func:`metalearn.algorithms.base.inner_loop_mask`).
 
     >>> import jax, jax.numpy as jnp
+    >>> from metalearn.algorithms.base import context
     >>> from metalearn.data.sinusoid import sinusoid
+    >>> from metalearn.data.task import family_objective
     >>> from metalearn.models.base import model_from_flax
     >>> from metalearn.models.mlp import MLP
-    >>> model = model_from_flax(MLP((40, 40), 1), (1,), "regression")
-    >>> learner = meta_sgd(model, inner_lr=0.01)
-    >>> meta_params = learner.init(jax.random.key(0), model.init(jax.random.key(1)))
+    >>> tasks = sinusoid()
+    >>> model = model_from_flax(MLP((40, 40), 1), (1,))
+    >>> learner = meta_sgd(family_objective(tasks, model), inner_lr=0.01)
+    >>> params, state = model.init(jax.random.key(1))
+    >>> meta_params = learner.init(jax.random.key(0), params)
     >>> sorted(meta_params), meta_params["inner_lr"]["head"]["bias"]
     (['inner_lr', 'params'], Array([0.01], dtype=float32))
-    >>> tasks = sinusoid()
     >>> task = tasks.sample(tasks.splits["train"], jax.random.key(2), 10)
-    >>> grads, metrics = jax.jit(learner.task_grad)(meta_params, task, 0.0)
-    >>> grads["inner_lr"]["head"]["kernel"].shape, sorted(metrics)
+    >>> grads, aux = jax.jit(learner.task_grad)(meta_params, task, context(state))
+    >>> grads["inner_lr"]["head"]["kernel"].shape, sorted(aux.metrics)
     ((40, 1), ['mse'])
     """
-    check_inner_loop_settings(inner_lr, num_steps)
+    c = with_config(MetaSGDConfig, config, overrides)
+    check_inner_loop_settings(c.inner_lr, c.inner_steps)
 
     def init(key, model_params):
         del key
-        rates = jax.tree_util.tree_map(lambda p: jnp.full_like(p, inner_lr), model_params)
+        rates = jax.tree_util.tree_map(lambda p: jnp.full_like(p, c.inner_lr), model_params)
         return {"params": model_params, "inner_lr": rates}
 
-    def rates(meta_params):
-        return inner_rates(meta_params["params"], meta_params["inner_lr"], adapt_norm=adapt_norm)
+    norm_paths = declared_norm_paths(objective)
 
-    def adapt_params(meta_params, support, steps=num_steps):
+    def rates(meta_params):
+        return inner_rates(
+            meta_params["params"], meta_params["inner_lr"], norm_paths, adapt_norm=c.adapt_norm
+        )
+
+    def adapt_params(meta_params, support, ctx, steps=c.inner_steps):
         return adapt(
-            model.loss_fn,
+            inner_loss(objective, ctx),
             meta_params["params"],
             support,
             inner_lr=rates(meta_params),
             num_steps=steps,
-            first_order=first_order,
+            first_order=c.first_order,
         )
 
-    def task_grad(meta_params, task: Task, progress):
-        del progress
+    def task_grad(meta_params, task: Task, ctx):
+        adapted = lambda mp: adapt_params(mp, task.support, ctx)  # noqa: E731
+        return value_and_grad_of_query(objective, adapted, task, ctx)(meta_params)
 
-        def query_loss(mp):
-            return query_metrics(model, adapt_params(mp, task.support), task)
-
-        (_, metrics), grads = jax.value_and_grad(query_loss, has_aux=True)(meta_params)
-        return grads, metrics
-
-    def evaluate(meta_params, task: Task, steps):
-        trajectory = sgd_trajectory_fn(model, meta_params["params"], rates(meta_params))
-        return evaluate_trajectory(model, trajectory, task, steps)
+    def evaluate(meta_params, task: Task, ctx, steps):
+        trajectory = sgd_trajectory_fn(objective, meta_params["params"], rates(meta_params), ctx)
+        return evaluate_trajectory(objective, trajectory, task, ctx, steps)
 
     return MetaLearner(init, task_grad, evaluate, adapt_params)

@@ -6,12 +6,15 @@ trains the embedding on the query cross-entropy. There is no inner loop: ``evalu
 same metrics for every requested step count, and the head of the model is not used (its
 meta-gradient is zero).
 
-Needs a classification task distribution (integer labels ``0 .. ways-1``) and a model with
-``embed``. The number of ways is not passed in: prototypes are computed for every label below
-the support-set size (a static upper bound on the ways) and labels absent from the support set
-get logit ``-inf``, which leaves the softmax, the cross-entropy and the accuracy exactly those of
-the ``ways`` present classes.
-"""
+Needs a supervised classification task family (support and query sets of ``(inputs, labels)``
+with integer labels ``0 .. ways-1``) and a model that declares an embedding (``Model.embed``).
+The number of ways is not passed in: prototypes are computed for every label below the
+support-set size (a static upper bound on the ways) and labels absent from the support set get
+logit ``-inf``, which leaves the softmax, the cross-entropy and the accuracy exactly those of
+the ``ways`` present classes. Padded episodes (a :class:`~metalearn.data.task.WeightedBatch`
+support and query, label ``-1`` and weight 0 for padding) work as they are: padding has no
+one-hot row, so it never enters a prototype, and the query loss and metrics are means over the
+real queries (:func:`~metalearn.data.task.supervised_loss_and_metrics`)."""
 
 from __future__ import annotations
 
@@ -20,9 +23,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from metalearn.algorithms.base import MetaLearner, split_top_level
-from metalearn.data.task import Task
-from metalearn.models.base import Model
+from metalearn.algorithms.base import MetaLearner, split_top_level, with_config
+from metalearn.data.task import Aux, Objective, Task, supervised_loss_and_metrics
 from metalearn.registry import ALGORITHMS
 
 
@@ -68,78 +70,90 @@ def prototypical_logits(
     return jnp.where(counts[None, :] > 0, logits, -jnp.inf)
 
 
-def _check_classification(task_or_support) -> None:
-    labels = task_or_support[1]
+def _check_classification(batch) -> None:
+    labels = batch[1]
     if not jnp.issubdtype(labels.dtype, jnp.integer) or labels.ndim != 1:
         raise ValueError(
-            "algorithm=protonet needs a classification task distribution (integer class labels "
+            "algorithm=protonet needs a classification task family (integer class labels "
             f"of shape [examples]); got labels of dtype {labels.dtype} and shape {labels.shape}"
             " (regression tasks such as sinusoid have no classes to build prototypes from)"
         )
 
 
+def _key(ctx, stream: int):
+    return None if ctx.key is None else jax.random.fold_in(ctx.key, stream)
+
+
 @ALGORITHMS.register("protonet", ProtoNetConfig)
-def protonet(model: Model) -> MetaLearner:
-    """Prototypical Networks on ``model.embed``; the meta-parameters are the model parameters.
+def protonet(
+    objective: Objective, config: ProtoNetConfig | None = None, **overrides
+) -> MetaLearner:
+    """Prototypical Networks on the model's declared embedding; the meta-parameters are the model
+    parameters.
 
     ``adapt`` returns the model parameters with the head replaced by the equivalent linear
     classifier (weights ``2 c``, bias ``-|c|^2`` per prototype ``c``, Snell et al. Sec. 2.4), so
-    ``model.apply`` on the adapted parameters predicts like the prototypes; this needs a head of
-    one Dense entry (``kernel [dim, ways]``, ``bias [ways]``) fed by ``model.embed``.
+    the model's ``apply`` on the adapted parameters predicts like the prototypes; this needs a
+    declared head of one Dense entry (``kernel [dim, ways]``, ``bias [ways]``) fed by the
+    embedding.
 
     >>> import jax, jax.numpy as jnp
-    >>> from metalearn.data.task import Task
-    >>> from metalearn.models.base import model_from_flax
+    >>> from metalearn.algorithms.base import context
+    >>> from metalearn.data.task import Task, supervised_objective
+    >>> from metalearn.models.base import ModelParts, model_from_flax
     >>> from metalearn.models.mlp import MLP
-    >>> model = model_from_flax(
-    ...     MLP((32, 16), 3), (4,), "classification", head=("head",), embed_method="embed")
-    >>> learner = protonet(model)
-    >>> params = learner.init(jax.random.key(0), model.init(jax.random.key(1)))
+    >>> model = model_from_flax(MLP((32, 16), 3), (4,), ModelParts(head="head", embed="embed"))
+    >>> learner = protonet(supervised_objective(model, "classification"))
+    >>> params, state = model.init(jax.random.key(1))
+    >>> params, ctx = learner.init(jax.random.key(0), params), context(state)
     >>> x = jax.random.normal(jax.random.key(2), (12, 4))
     >>> labels = jnp.tile(jnp.arange(3), 4)
     >>> task = Task(support=(x[:6], labels[:6]), query=(x[6:], labels[6:]))
-    >>> grads, metrics = jax.jit(learner.task_grad)(params, task, 0.0)
-    >>> evaluate = jax.jit(learner.evaluate, static_argnums=2)
-    >>> sorted(metrics), evaluate(params, task, (0, 1, 5))["accuracy"].shape
+    >>> grads, aux = jax.jit(learner.task_grad)(params, task, ctx)
+    >>> evaluate = jax.jit(learner.evaluate, static_argnums=3)
+    >>> sorted(aux.metrics), evaluate(params, task, ctx, (0, 1, 5))["accuracy"].shape
     (['accuracy', 'loss'], (3,))
     """
-    if model.embed is None:
+    with_config(ProtoNetConfig, config, overrides)
+    model = objective.model
+    if model is None or model.embed is None:
         raise ValueError(
-            "algorithm=protonet needs a model with an embedding (Model.embed, e.g. "
-            "model_from_flax(..., embed_method='embed')); this model has none"
+            "algorithm=protonet needs a model that declares an embedding (ModelParts(embed=...) "
+            "where the model is registered); this model declares none"
         )
 
     def init(key, model_params):
         del key
         return model_params
 
-    def logits_and_labels(params, task: Task):
+    def logits_and_state(params, task: Task, ctx, train=True):
         _check_classification(task.support)
         _check_classification(task.query)
-        support_x, support_y = task.support
+        support_x, support_y, query_x = task.support[0], task.support[1], task.query[0]
         num_classes = support_y.shape[0]  # static upper bound on the ways
-        support_embeddings = model.embed(params, support_x)
-        query_embeddings = model.embed(params, task.query[0])
+        support_embeddings, _ = model.embed(params, ctx.model_state, _key(ctx, 0), support_x, train)
+        query_embeddings, state = model.embed(params, ctx.model_state, _key(ctx, 1), query_x, train)
         logits = prototypical_logits(support_embeddings, support_y, query_embeddings, num_classes)
-        return logits, task.query[1]
+        return logits, state
 
-    def task_grad(params, task: Task, progress):
-        del progress
-
+    def task_grad(params, task: Task, ctx):
         def query_loss(p):
-            logits, labels = logits_and_labels(p, task)
-            return model.loss(logits, labels), model.metrics(logits, labels)
+            logits, state = logits_and_state(p, task, ctx)
+            loss, metrics = supervised_loss_and_metrics("classification", logits, task.query)
+            return loss, Aux(state, metrics)
 
-        (_, metrics), grads = jax.value_and_grad(query_loss, has_aux=True)(params)
-        return grads, metrics
+        (_, aux), grads = jax.value_and_grad(query_loss, has_aux=True)(params)
+        return grads, aux
 
-    def evaluate(params, task: Task, steps):
-        metrics = model.metrics(*logits_and_labels(params, task))
+    def evaluate(params, task: Task, ctx, steps):
+        logits, _ = logits_and_state(params, task, ctx, train=False)
+        _, metrics = supervised_loss_and_metrics("classification", logits, task.query)
         return {k: jnp.broadcast_to(v, (len(tuple(steps)),)) for k, v in metrics.items()}
 
-    def adapt_params(params, support, num_steps=0):
-        del num_steps  # no inner loop
+    def adapt_params(params, support, ctx, inner_steps=0):
+        del inner_steps  # no inner loop
         _check_classification(support)
+        support_x, support_y = support[0], support[1]
         head, _ = split_top_level(params, tuple(model.head))
         entry = head[model.head[0]] if len(head) == 1 else None
         if entry is None or set(entry) != {"kernel", "bias"} or entry["kernel"].ndim != 2:
@@ -148,7 +162,8 @@ def protonet(model: Model) -> MetaLearner:
                 "Dense entry with 'kernel' [dim, ways] and 'bias' [ways]"
             )
         num_classes = entry["kernel"].shape[1]
-        protos, counts = class_prototypes(model.embed(params, support[0]), support[1], num_classes)
+        features, _ = model.embed(params, ctx.model_state, _key(ctx, 0), support_x, False)
+        protos, counts = class_prototypes(features, support_y, num_classes)
         bias = jnp.where(counts > 0, -jnp.sum(protos**2, axis=-1), -jnp.inf)
         return {**params, model.head[0]: {"kernel": 2.0 * protos.T, "bias": bias}}
 

@@ -1,6 +1,6 @@
 """Reptile (Nichol, Achiam and Schulman 2018): move the initialisation toward adapted weights.
 
-For each task, run ``num_steps`` steps of SGD (or Adam) on its support set from the current
+For each task, run ``inner_steps`` steps of SGD (or Adam) on its support set from the current
 initialisation ``theta`` to get ``phi``; Reptile then moves ``theta`` toward ``phi``:
 ``theta <- theta + epsilon * mean_tasks(phi - theta)``.
 
@@ -27,11 +27,12 @@ from metalearn.algorithms.base import (
     check_fraction,
     check_inner_loop_settings,
     evaluate_trajectory,
-    query_metrics,
+    inner_loss,
+    query_loss,
+    with_config,
 )
 from metalearn.core import adapt, adapt_trajectory
-from metalearn.data.task import Task
-from metalearn.models.base import Model
+from metalearn.data.task import Objective, Task
 from metalearn.registry import ALGORITHMS
 
 INNER_OPTIMIZERS = ("sgd", "adam")
@@ -41,21 +42,14 @@ INNER_OPTIMIZERS = ("sgd", "adam")
 class ReptileConfig:
     name: str = "reptile"
     inner_lr: float = 0.01
-    num_steps: int = 5
+    inner_steps: int = 5
     inner_optimizer: str = "sgd"
     adam_b1: float = 0.0
 
 
 @ALGORITHMS.register("reptile", ReptileConfig)
-def reptile(
-    model: Model,
-    *,
-    inner_lr: float = 0.01,
-    num_steps: int = 5,
-    inner_optimizer: str = "sgd",
-    adam_b1: float = 0.0,
-) -> MetaLearner:
-    """Reptile: ``task_grad`` is ``theta - phi`` for ``phi`` the weights after ``num_steps``.
+def reptile(objective: Objective, config: ReptileConfig | None = None, **overrides) -> MetaLearner:
+    """Reptile: ``task_grad`` is ``theta - phi`` for ``phi`` the weights after ``inner_steps``.
 
     ``inner_optimizer`` is ``"sgd"`` (rate ``inner_lr``) or ``"adam"`` (``optax.adam`` with rate
     ``inner_lr`` and ``b1 = adam_b1``; the paper uses ``b1 = 0``). The meta-parameters are the
@@ -63,50 +57,56 @@ def reptile(
     Algorithm 2 (``theta += epsilon * mean(phi - theta)``).
 
     >>> import jax, jax.numpy as jnp, optax
+    >>> from metalearn.algorithms.base import context
     >>> from metalearn.data.sinusoid import sinusoid
+    >>> from metalearn.data.task import family_objective
     >>> from metalearn.models.base import model_from_flax
     >>> from metalearn.models.mlp import MLP
-    >>> model = model_from_flax(MLP((40, 40), 1), (1,), "regression")
-    >>> learner = reptile(model, inner_lr=0.02, num_steps=5)
-    >>> theta = learner.init(jax.random.key(0), model.init(jax.random.key(1)))
     >>> tasks = sinusoid()
+    >>> model = model_from_flax(MLP((40, 40), 1), (1,))
+    >>> learner = reptile(family_objective(tasks, model), inner_lr=0.02, inner_steps=5)
+    >>> params, state = model.init(jax.random.key(1))
+    >>> theta, ctx = learner.init(jax.random.key(0), params), context(state)
     >>> task = tasks.sample(tasks.splits["train"], jax.random.key(2), 10)
-    >>> grads, metrics = jax.jit(learner.task_grad)(theta, task, 0.0)
-    >>> phi = learner.adapt(theta, task.support, 5)
+    >>> grads, aux = jax.jit(learner.task_grad)(theta, task, ctx)
+    >>> phi = learner.adapt(theta, task.support, ctx, 5)
     >>> updates, _ = optax.sgd(1.0).update(grads, optax.sgd(1.0).init(theta))
     >>> moved = optax.apply_updates(theta, updates)       # epsilon = 1 lands on phi
     >>> bool(jnp.allclose(moved["head"]["kernel"], phi["head"]["kernel"], atol=1e-6))
     True
     """
-    check_inner_loop_settings(inner_lr, num_steps)
-    check_choice("inner_optimizer", inner_optimizer, INNER_OPTIMIZERS)
-    check_fraction("adam_b1", adam_b1)
-    if adam_b1 == 1:
-        raise ValueError(f"algorithm.adam_b1 must be < 1, got {adam_b1}")
+    c = with_config(ReptileConfig, config, overrides)
+    check_inner_loop_settings(c.inner_lr, c.inner_steps)
+    check_choice("inner_optimizer", c.inner_optimizer, INNER_OPTIMIZERS)
+    check_fraction("adam_b1", c.adam_b1)
+    if c.adam_b1 == 1:
+        raise ValueError(f"algorithm.adam_b1 must be < 1, got {c.adam_b1}")
 
     def inner_kwargs():
-        if inner_optimizer == "adam":
-            return {"optimizer": optax.adam(inner_lr, b1=adam_b1)}
-        return {"inner_lr": inner_lr}
+        if c.inner_optimizer == "adam":
+            return {"optimizer": optax.adam(c.inner_lr, b1=c.adam_b1)}
+        return {"inner_lr": c.inner_lr}
 
     def init(key, model_params):
         del key
         return model_params
 
-    def adapt_params(params, support, steps=num_steps):
+    def adapt_params(params, support, ctx, steps=c.inner_steps, train=True):
         params = jax.lax.stop_gradient(params)
-        return adapt(model.loss_fn, params, support, num_steps=steps, **inner_kwargs())
+        loss_fn = inner_loss(objective, ctx, train)
+        return adapt(loss_fn, params, support, num_steps=steps, **inner_kwargs())
 
-    def task_grad(params, task: Task, progress):
-        del progress
-        adapted = adapt_params(params, task.support)
-        _, metrics = query_metrics(model, adapted, task)
-        return jax.tree_util.tree_map(lambda p, a: p - a, params, adapted), metrics
+    def task_grad(params, task: Task, ctx):
+        adapted = adapt_params(params, task.support, ctx)
+        _, aux = query_loss(objective, adapted, ctx, task.query)
+        return jax.tree_util.tree_map(lambda p, a: p - a, params, adapted), aux
 
-    def evaluate(params, task: Task, steps):
+    def evaluate(params, task: Task, ctx, steps):
+        loss_fn = inner_loss(objective, ctx, train=False)
+
         def trajectory(support, n):
-            return adapt_trajectory(model.loss_fn, params, support, num_steps=n, **inner_kwargs())
+            return adapt_trajectory(loss_fn, params, support, num_steps=n, **inner_kwargs())
 
-        return evaluate_trajectory(model, trajectory, task, steps)
+        return evaluate_trajectory(objective, trajectory, task, ctx, steps)
 
     return MetaLearner(init, task_grad, evaluate, adapt_params)

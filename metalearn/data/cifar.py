@@ -198,6 +198,8 @@ class CifarFsConfig:
     name: str = "cifarfs"
     ways: int = 5
     num_queries: int = 15
+    ways_range: list[int] | None = None  # [lo, hi]: variable ways, padded to hi
+    shots_range: list[int] | None = None  # [lo, hi]: variable shots; trainer/eval shots = hi
     data_dir: str | None = None  # TFDS data dir; None: $TFDS_DATA_DIR or ~/tensorflow_datasets
     manual_dir: str | None = None  # holds cifar-100-python.tar.gz
 
@@ -212,6 +214,8 @@ def cifarfs(
     *,
     ways: int = 5,
     num_queries: int = 15,
+    ways_range: list[int] | None = None,
+    shots_range: list[int] | None = None,
     data_dir: str | None = None,
     manual_dir: str | None = None,
 ) -> TaskDistribution:
@@ -223,7 +227,14 @@ def cifarfs(
     """
     check_episode_settings(ways, num_queries)
     arrays = load_split_arrays(CifarFs, data_dir=data_dir, manual_dir=manual_dir)
-    return episode_distribution(arrays, ways=ways, num_queries=num_queries, dataset="cifarfs")
+    return episode_distribution(
+        arrays,
+        ways=ways,
+        num_queries=num_queries,
+        dataset="cifarfs",
+        ways_range=ways_range,
+        shots_range=shots_range,
+    )
 
 
 @TASKS.register("fc100", Fc100Config)
@@ -231,6 +242,8 @@ def fc100(
     *,
     ways: int = 5,
     num_queries: int = 15,
+    ways_range: list[int] | None = None,
+    shots_range: list[int] | None = None,
     data_dir: str | None = None,
     manual_dir: str | None = None,
 ) -> TaskDistribution:
@@ -242,4 +255,11 @@ def fc100(
     """
     check_episode_settings(ways, num_queries)
     arrays = load_split_arrays(Fc100, data_dir=data_dir, manual_dir=manual_dir)
-    return episode_distribution(arrays, ways=ways, num_queries=num_queries, dataset="fc100")
+    return episode_distribution(
+        arrays,
+        ways=ways,
+        num_queries=num_queries,
+        dataset="fc100",
+        ways_range=ways_range,
+        shots_range=shots_range,
+    )

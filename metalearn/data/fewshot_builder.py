@@ -1,16 +1,19 @@
-"""The TFDS builder shared by the few-shot image datasets, and reading one back as dense arrays.
+"""The TFDS builder shared by the few-shot image datasets, and reading one back as a split layout.
 
 Storage layout (all four datasets): one TFDS record per *class*, ``{"images": uint8 [E, H, W, C],
-"class_name": str}``, with splits ``train`` / ``val`` / ``test`` holding disjoint classes and every
-class of a split holding the same number ``E`` of images. The features are
-``tfds.features.Tensor`` (not ``tfds.features.Image``, which needs TensorFlow) and the files are
-ArrayRecord, so preparing and reading need no TensorFlow; reading is random access through
-``builder.as_data_source(split)``. Records keep the order the builder wrote them in
-(``disable_shuffling``), so class indices are stable.
+"class_name": str}``, with splits ``train`` / ``val`` / ``test`` holding disjoint classes. The
+features are ``tfds.features.Tensor`` (not ``tfds.features.Image``, which needs TensorFlow) and the
+files are ArrayRecord, so preparing and reading need no TensorFlow; reading is random access
+through ``builder.as_data_source(split)``. Records keep the order the builder wrote them in
+(``disable_shuffling``), so class indices are stable. Classes may hold different numbers of images
+``E``; a builder whose source has a known equal size per class (Omniglot's 20 drawings,
+miniImageNet's and CIFAR-100's 600) sets ``EQUAL_CLASS_SIZES`` so that a class with another size
+is reported as an incomplete source.
 
 :func:`load_split_arrays` prepares a dataset if needed (from a manual directory or by
-downloading) and returns each split as one dense array ``[num_classes, E, H, W, C]``, the
-layout :mod:`metalearn.data.episodes` samples from.
+downloading) and returns each split as a :class:`~metalearn.data.class_split.ClassSplit` (one
+image array, per-class offsets and counts), the layout :mod:`metalearn.data.episodes` samples
+from.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
 
+from metalearn.data.class_split import ClassSplit
 from metalearn.data.sources import DataSourceError
 
 SPLITS = ("train", "val", "test")
@@ -47,14 +51,15 @@ class FewShotBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     """Base class: one record per class; subclasses set the constants and ``_split_generators``.
 
     Subclasses return ``{split: self._generate_examples(classes)}`` from ``_split_generators``,
-    where ``classes`` lists :data:`ClassSource` pairs; this class checks every class has the
-    same number of images of shape ``IMAGE_SHAPE``. Files are ArrayRecord unless the caller
-    asks for another ``file_format``.
+    where ``classes`` lists :data:`ClassSource` pairs; this class checks every class has at
+    least one image of shape ``IMAGE_SHAPE`` (and, with ``EQUAL_CLASS_SIZES``, the same number
+    of them). Files are ArrayRecord unless the caller asks for another ``file_format``.
     """
 
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "First release: one record per class, uint8 Tensor features."}
     IMAGE_SHAPE: tuple[int, int, int] = (0, 0, 0)
+    EQUAL_CLASS_SIZES = True  # the source has one known size per class; another means damage
     DESCRIPTION = ""
     HOMEPAGE = ""
     CITATION = ""
@@ -90,9 +95,14 @@ class FewShotBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
                     f"dtype {images.dtype}; expected [n, {', '.join(map(str, self.IMAGE_SHAPE))}] "
                     "uint8"
                 )
+            if not len(images):
+                raise DataSourceError(
+                    f"{self.name}: class {class_name} has no images; the source is incomplete, "
+                    "fetch it again"
+                )
             if per_class is None:
                 per_class = len(images)
-            if len(images) != per_class or per_class == 0:
+            if self.EQUAL_CLASS_SIZES and len(images) != per_class:
                 raise DataSourceError(
                     f"{self.name}: class {class_name} has {len(images)} images but the classes "
                     f"before it have {per_class}; the source is incomplete, fetch it again"
@@ -107,22 +117,25 @@ class FewShotBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
             return None
 
 
-def stack_classes(records: list[dict], dataset: str, split: str) -> np.ndarray:
-    """Stack per-class records into one array ``[num_classes, E, H, W, C]``, checking shapes.
+def concat_classes(records: list[dict], dataset: str, split: str) -> ClassSplit:
+    """Per-class records ``{"images": [E_c, H, W, C], "class_name": ...}`` as one split.
 
-    >>> images = np.zeros((3, 4, 4, 1), np.uint8)
-    >>> stack_classes([{"images": images}] * 2, "demo", "train").shape
-    (2, 3, 4, 4, 1)
+    >>> records = [{"images": np.zeros((n, 4, 4, 1), np.uint8), "class_name": b"c"} for n in (3, 5)]
+    >>> split = concat_classes(records, "demo", "train")
+    >>> split.images.shape, split.counts.tolist(), split.offsets.tolist()
+    ((8, 4, 4, 1), [3, 5], [0, 3])
     """
     if not records:
         raise ValueError(f"{dataset}: the {split} split has no classes")
-    shapes = {tuple(r["images"].shape) for r in records}
-    if len(shapes) != 1:
-        raise ValueError(
-            f"{dataset}: classes of the {split} split differ in shape {sorted(shapes)}; "
-            "the episode sampler needs the same number of images in every class"
-        )
-    return np.stack([np.asarray(r["images"], np.uint8) for r in records])
+    names = [_text(r.get("class_name", f"class {c}")) for c, r in enumerate(records)]
+    try:
+        return ClassSplit.from_classes([np.asarray(r["images"], np.uint8) for r in records], names)
+    except ValueError as err:
+        raise ValueError(f"{dataset}: {split} split: {err}") from err
+
+
+def _text(name) -> str:
+    return name.decode() if isinstance(name, bytes) else str(name)
 
 
 def load_split_arrays(
@@ -131,8 +144,8 @@ def load_split_arrays(
     data_dir: str | None = None,
     manual_dir: str | None = None,
     splits: Iterable[str] = SPLITS,
-) -> dict[str, np.ndarray]:
-    """Prepare ``builder_cls`` if needed and return ``{split: uint8 [classes, E, H, W, C]}``.
+) -> dict[str, ClassSplit]:
+    """Prepare ``builder_cls`` if needed and return ``{split: ClassSplit}`` (host arrays).
 
     ``data_dir`` is the TFDS data directory (None: TFDS's default, ``$TFDS_DATA_DIR`` or
     ``~/tensorflow_datasets``). ``manual_dir`` holds manually downloaded sources; without it a
@@ -156,5 +169,5 @@ def load_split_arrays(
     for split in splits:
         source = builder.as_data_source(split=split)
         records = [source[i] for i in range(len(source))]
-        arrays[split] = stack_classes(records, builder.name, split)
+        arrays[split] = concat_classes(records, builder.name, split)
     return arrays

@@ -223,6 +223,8 @@ class MiniImageNetConfig:
     name: str = "miniimagenet"
     ways: int = 5
     num_queries: int = 15
+    ways_range: list[int] | None = None  # [lo, hi]: variable ways, padded to hi
+    shots_range: list[int] | None = None  # [lo, hi]: variable shots; trainer/eval shots = hi
     data_dir: str | None = None  # TFDS data dir; None: $TFDS_DATA_DIR or ~/tensorflow_datasets
     manual_dir: str | None = None  # the images (see metalearn/data/miniimagenet.py for layouts)
 
@@ -232,6 +234,8 @@ def miniimagenet(
     *,
     ways: int = 5,
     num_queries: int = 15,
+    ways_range: list[int] | None = None,
+    shots_range: list[int] | None = None,
     data_dir: str | None = None,
     manual_dir: str | None = None,
 ) -> TaskDistribution:
@@ -245,4 +249,11 @@ def miniimagenet(
     """
     check_episode_settings(ways, num_queries)
     arrays = load_split_arrays(MiniImagenetRavi, data_dir=data_dir, manual_dir=manual_dir)
-    return episode_distribution(arrays, ways=ways, num_queries=num_queries, dataset="miniimagenet")
+    return episode_distribution(
+        arrays,
+        ways=ways,
+        num_queries=num_queries,
+        dataset="miniimagenet",
+        ways_range=ways_range,
+        shots_range=shots_range,
+    )

@@ -130,24 +130,13 @@ def _character_loader(archive: ZipSource, members: list[str], dataset: str):
     return load
 
 
-def rotate_classes(images: np.ndarray, rotations: tuple[int, ...]) -> np.ndarray:
-    """Each class rotated by each angle (degrees, multiples of 90) as a new class.
-
-    ``images`` is ``[classes, examples, H, W, C]``; the result stacks the rotations in the
-    order given: ``[len(rotations) * classes, examples, H, W, C]``.
-
-    >>> images = np.arange(4, dtype=np.uint8).reshape(1, 1, 2, 2, 1)
-    >>> rotate_classes(images, (0, 90))[:, 0, :, :, 0].tolist()
-    [[[0, 1], [2, 3]], [[1, 3], [0, 2]]]
-    """
-    return np.concatenate([np.rot90(images, k=r // 90, axes=(2, 3)) for r in rotations])
-
-
 @dataclasses.dataclass
 class OmniglotConfig:
     name: str = "omniglot"
     ways: int = 5
     num_queries: int = 15
+    ways_range: list[int] | None = None  # [lo, hi]: variable ways, padded to hi
+    shots_range: list[int] | None = None  # [lo, hi]: variable shots; trainer/eval shots = hi
     rotations: tuple[int, ...] = (0, 90, 180, 270)
     train_ways: int | None = None  # ways of training episodes; None: ways (see episodes.py)
     data_dir: str | None = None  # TFDS data dir; None: $TFDS_DATA_DIR or ~/tensorflow_datasets
@@ -159,6 +148,8 @@ def omniglot(
     *,
     ways: int = 5,
     num_queries: int = 15,
+    ways_range: list[int] | None = None,
+    shots_range: list[int] | None = None,
     rotations: tuple[int, ...] = (0, 90, 180, 270),
     train_ways: int | None = None,
     data_dir: str | None = None,
@@ -183,7 +174,16 @@ def omniglot(
             f"data.rotations must be distinct angles out of 0, 90, 180, 270, got {list(rotations)}"
         )
     arrays = load_split_arrays(OmniglotVinyals, data_dir=data_dir, manual_dir=manual_dir)
-    arrays = {split: rotate_classes(255 - a, rotations) for split, a in arrays.items()}
+    arrays = {
+        split: a.map_images(lambda images: 255 - images).rotated(rotations)
+        for split, a in arrays.items()
+    }
     return episode_distribution(
-        arrays, ways=ways, num_queries=num_queries, dataset="omniglot", train_ways=train_ways
+        arrays,
+        ways=ways,
+        num_queries=num_queries,
+        dataset="omniglot",
+        ways_range=ways_range,
+        shots_range=shots_range,
+        train_ways=train_ways,
     )

@@ -12,7 +12,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from metalearn.data.task import Task, TaskDistribution
+from metalearn.data.task import Task, TaskFamily
 from metalearn.registry import TASKS
 
 
@@ -29,9 +29,9 @@ def sample_sinusoid_task(
     key: jax.Array,
     shots: int,
     num_queries: int,
-    amplitude_range: tuple[float, float] = (0.1, 5.0),
-    phase_range: tuple[float, float] = (0.0, math.pi),
-    input_range: tuple[float, float] = (-5.0, 5.0),
+    amplitude_range: tuple[float, float] = SinusoidConfig.amplitude_range,
+    phase_range: tuple[float, float] = SinusoidConfig.phase_range,
+    input_range: tuple[float, float] = SinusoidConfig.input_range,
 ) -> Task:
     """One sinusoid task with ``shots`` support and ``num_queries`` query points, shape (n, 1)."""
     k_amp, k_phase, k_x = jax.random.split(key, 3)
@@ -50,14 +50,9 @@ def _check_range(name: str, bounds: tuple[float, float]) -> None:
 
 
 @TASKS.register("sinusoid", SinusoidConfig)
-def sinusoid(
-    *,
-    amplitude_range: tuple[float, float] = (0.1, 5.0),
-    phase_range: tuple[float, float] = (0.0, math.pi),
-    input_range: tuple[float, float] = (-5.0, 5.0),
-    num_queries: int = 10,
-) -> TaskDistribution:
-    """The sinusoid task distribution; every split draws from the same family.
+def sinusoid(config: SinusoidConfig | None = None) -> TaskFamily:
+    """The sinusoid task family (``config``: default :class:`SinusoidConfig`); every split draws
+    from the same family.
 
     >>> import jax
     >>> tasks = sinusoid()
@@ -65,25 +60,23 @@ def sinusoid(
     >>> task.support[0].shape, task.query[1].shape
     ((5, 1), (10, 1))
     """
-    for name, bounds in [
-        ("amplitude_range", amplitude_range),
-        ("phase_range", phase_range),
-        ("input_range", input_range),
-    ]:
-        _check_range(name, tuple(bounds))
-    if num_queries < 1:
-        raise ValueError(f"data.num_queries must be >= 1, got {num_queries}")
+    c = config or SinusoidConfig()
+    for name in ("amplitude_range", "phase_range", "input_range"):
+        _check_range(name, tuple(getattr(c, name)))
+    if c.num_queries < 1:
+        raise ValueError(f"data.num_queries must be >= 1, got {c.num_queries}")
     ranges = dict(
-        amplitude_range=tuple(amplitude_range),
-        phase_range=tuple(phase_range),
-        input_range=tuple(input_range),
+        amplitude_range=tuple(c.amplitude_range),
+        phase_range=tuple(c.phase_range),
+        input_range=tuple(c.input_range),
     )
+    num_queries = c.num_queries
 
     def sample(split_arrays, key, shots):
         del split_arrays  # generated, nothing stored
         return sample_sinusoid_task(key, shots, num_queries, **ranges)
 
-    return TaskDistribution(
+    return TaskFamily(
         splits={"train": {}, "val": {}, "test": {}},
         sample=sample,
         input_shape=(1,),

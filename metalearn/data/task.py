@@ -1,4 +1,25 @@
-"""What a task distribution hands to the meta-learners."""
+"""Task families and the objectives that score a model on their tasks.
+
+Following learned_optimization's TaskFamily / Task split:
+
+- a :class:`TaskFamily` samples a task from a key, on the device (``sample(split_arrays, key,
+  shots)``). A task is any pytree with a ``support`` and a ``query`` entry: the data the inner
+  loop adapts on and the data the adapted parameters are judged on. For a supervised episode
+  those are ``(inputs, targets)`` batches; for a bandit or an RL task both may be the task's
+  goal, and the loss draws its own samples or rollouts with the key it is given.
+- an :class:`Objective`, built by the family for a model (``family.objective(model)``), is the
+  task's loss ``loss(params, model_state, key, data, train=True) -> (loss, Aux)``, where
+  :class:`Aux` carries the model's new state (batch-norm statistics) and scalar metrics. It
+  also names the metric that selects the best parameters, so the runner and the evaluation
+  never ask whether a task is a regression or a classification.
+
+Supervised families say ``kind="regression"`` or ``kind="classification"`` and get
+:func:`supervised_objective`; any other family passes its own ``objective``. A supervised batch
+is ``(inputs, targets)`` or a :class:`WeightedBatch` ``(inputs, targets, weights)`` (padded
+variable-way/variable-shot episodes): the loss and metrics are then means over the examples of
+weight 1, padding never counts, and a classifier's logits of classes absent from the batch are
+masked to ``-inf`` (:func:`supervised_loss_and_metrics`).
+"""
 
 from __future__ import annotations
 
@@ -6,32 +27,194 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
+import optax
+
+from metalearn.models.base import Model
+from metalearn.models.weighted_losses import weighted_classification_metrics, weighted_mean
 
 PyTree = Any
 Batch = tuple[jax.Array, jax.Array]  # (inputs, targets)
+Metrics = dict[str, jax.Array]
 
 
 class Task(NamedTuple):
-    """One task: a support set to adapt on and a query set to evaluate on."""
+    """One task: a support set to adapt on and a query set to evaluate on (any pytrees)."""
 
-    support: Batch
-    query: Batch
+    support: PyTree
+    query: PyTree
 
 
-class TaskDistribution(NamedTuple):
+class WeightedBatch(NamedTuple):
+    """A padded supervised batch: inputs, targets (labels ``-1`` for padding), weights (1.0 for
+    a real example, 0.0 for padding). A tuple, so ``batch[0]`` / ``batch[1]`` are the inputs
+    and targets as for an ``(inputs, targets)`` batch."""
+
+    inputs: jax.Array
+    labels: jax.Array
+    weights: jax.Array
+
+
+class Aux(NamedTuple):
+    """What a task loss returns beside the scalar: the new model state and metrics."""
+
+    model_state: PyTree
+    metrics: Metrics
+
+
+# loss(params, model_state, key, data, train) -> (scalar, Aux)
+TaskLoss = Callable[[PyTree, PyTree, jax.Array, PyTree, bool], tuple[jax.Array, Aux]]
+
+
+class Objective(NamedTuple):
+    """A model scored on one family's tasks.
+
+    - ``loss(params, model_state, key, data, train=True) -> (loss, Aux)``.
+    - ``primary_metric`` and ``maximize``: the metric (a key of ``Aux.metrics``) that selects
+      the best parameters on validation, and whether higher is better.
+    - ``gauss_newton``: for losses of the form ``output_loss(predict(params), data)`` with a
+      convex ``output_loss``, the pair ``(predict(params, model_state, key, data),
+      output_loss(outputs, data))`` (iMAML's Gauss-Newton curvature needs it); else None.
+    """
+
+    model: Model
+    loss: TaskLoss
+    primary_metric: str
+    maximize: bool
+    gauss_newton: tuple[Callable, Callable] | None = None
+
+
+class TaskFamily(NamedTuple):
     """A family of tasks, sampled on the device inside jitted code.
 
     ``splits`` maps a split name (``"train"``, ``"val"``, ``"test"``) to the device arrays the
     sampler needs for it (an empty dict for generated tasks such as sinusoids). They are passed to
     ``sample`` as an argument, never closed over, so they are not baked into compiled code.
-    ``sample(split_arrays, key, shots)`` returns one :class:`Task`; ``shots`` is a static int
-    (support examples per class, or per task for regression). Everything else a sampler needs
-    (ways, queries) is fixed when the distribution is built.
+    ``sample(split_arrays, key, shots)`` returns one task (a pytree with ``support`` and
+    ``query``); ``shots`` is a static int (support examples per class, or per task for
+    regression). ``objective(model) -> Objective`` scores a model on the family's tasks; left
+    None, a supervised family (``kind`` ``"regression"`` or ``"classification"``) gets
+    :func:`supervised_objective`. ``input_shape`` and ``num_outputs`` size the model.
     """
 
     splits: dict[str, PyTree]
-    sample: Callable[[PyTree, jax.Array, int], Task]
+    sample: Callable[[PyTree, jax.Array, int], PyTree]
     input_shape: tuple[int, ...]
     num_outputs: int
-    kind: str  # "regression" or "classification"
+    kind: str = "custom"
     ways: int | None = None
+    objective: Callable[[Model], Objective] | None = None
+
+
+TaskDistribution = TaskFamily  # the name used before task families had objectives
+
+
+def family_objective(family: TaskFamily, model: Model) -> Objective:
+    """The objective that scores ``model`` on ``family``'s tasks."""
+    if family.objective is not None:
+        return family.objective(model)
+    return supervised_objective(model, family.kind)
+
+
+def mse_loss(outputs: jax.Array, targets: jax.Array) -> jax.Array:
+    return jnp.mean((outputs - targets) ** 2)
+
+
+def cross_entropy_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+
+def regression_metrics(outputs: jax.Array, targets: jax.Array) -> Metrics:
+    return {"mse": mse_loss(outputs, targets)}
+
+
+def classification_metrics(logits: jax.Array, labels: jax.Array) -> Metrics:
+    return {
+        "loss": cross_entropy_loss(logits, labels),
+        "accuracy": jnp.mean(jnp.argmax(logits, -1) == labels),
+    }
+
+
+SUPERVISED = {
+    # kind: (output loss, metrics, primary metric, maximize)
+    "regression": (mse_loss, regression_metrics, "mse", False),
+    "classification": (cross_entropy_loss, classification_metrics, "accuracy", True),
+}
+
+
+def mask_absent_classes(logits: jax.Array, labels: jax.Array, weights: jax.Array) -> jax.Array:
+    """``logits`` with the classes that no example of weight > 0 carries set to ``-inf`` (all
+    kept if none is present), so a head with ``max_ways`` outputs scores a smaller episode as
+    a classifier over its present classes.
+
+    >>> logits = jnp.zeros((3, 4))
+    >>> mask_absent_classes(logits, jnp.array([0, 2, -1]), jnp.array([1.0, 1.0, 0.0]))[0].tolist()
+    [0.0, -inf, 0.0, -inf]
+    """
+    real = jnp.where(weights > 0, labels, -1)
+    present = jax.nn.one_hot(real, logits.shape[-1], dtype=bool).any(axis=0)
+    present = present | ~present.any()
+    return jnp.where(present, logits, -jnp.inf)
+
+
+def supervised_loss_and_metrics(kind: str, outputs: jax.Array, batch) -> tuple[jax.Array, Metrics]:
+    """``(loss, metrics)`` of a supervised ``kind`` on ``batch``: plain means for
+    ``(inputs, targets)``, means over the real examples for a :class:`WeightedBatch`.
+
+    >>> logits = jnp.array([[2.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 9.0]])
+    >>> batch = WeightedBatch(None, jnp.array([0, 0, -1]), jnp.array([1.0, 1.0, 0.0]))
+    >>> loss, metrics = supervised_loss_and_metrics("classification", logits, batch)
+    >>> float(metrics["accuracy"]), round(float(loss), 4)  # classes 1, 2 absent: class 0 only
+    (1.0, 0.0)
+    """
+    output_loss, metrics_fn, _, _ = SUPERVISED[kind]
+    targets = batch[1]
+    if not isinstance(batch, WeightedBatch):
+        return output_loss(outputs, targets), metrics_fn(outputs, targets)
+    if kind == "classification":
+        metrics = weighted_classification_metrics(
+            mask_absent_classes(outputs, targets, batch.weights), targets, batch.weights
+        )
+        return metrics["loss"], metrics
+    per_example = jnp.mean((outputs - targets) ** 2, axis=tuple(range(1, outputs.ndim)))
+    mse = weighted_mean(per_example, batch.weights)
+    return mse, {"mse": mse}
+
+
+def supervised_objective(model: Model, kind: str) -> Objective:
+    """Score ``model`` on ``(inputs, targets)`` batches: mean squared error (``"regression"``)
+    or softmax cross-entropy with integer labels (``"classification"``). On a
+    :class:`WeightedBatch` both are means over its real examples, with absent classes masked
+    (:func:`supervised_loss_and_metrics`), so every algorithm that scores data through the
+    objective ignores padding.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from metalearn.models.base import model_from_flax
+    >>> from metalearn.models.mlp import MLP
+    >>> model = model_from_flax(MLP((8,), 1), (1,))
+    >>> objective = supervised_objective(model, "regression")
+    >>> params, state = model.init(jax.random.key(0))
+    >>> batch = (jnp.ones((4, 1)), jnp.zeros((4, 1)))
+    >>> loss, aux = objective.loss(params, state, jax.random.key(1), batch)
+    >>> sorted(aux.metrics), objective.primary_metric, objective.maximize
+    (['mse'], 'mse', False)
+    """
+    if kind not in SUPERVISED:
+        raise ValueError(f"unknown task kind {kind!r}; expected one of {sorted(SUPERVISED)}")
+    _, _, primary, maximize = SUPERVISED[kind]
+
+    def predict(params, model_state, key, batch, train=True):
+        return model.apply(params, model_state, key, batch[0], train)
+
+    def loss(params, model_state, key, batch, train=True):
+        outputs, new_state = predict(params, model_state, key, batch, train)
+        value, batch_metrics = supervised_loss_and_metrics(kind, outputs, batch)
+        return value, Aux(new_state, batch_metrics)
+
+    def gn_predict(params, model_state, key, batch):
+        return predict(params, model_state, key, batch)[0]
+
+    def gn_loss(outputs, batch):
+        return supervised_loss_and_metrics(kind, outputs, batch)[0]
+
+    return Objective(model, loss, primary, maximize, (gn_predict, gn_loss))

@@ -1,92 +1,178 @@
-"""The model bundle a meta-learner sees: pure functions, no Flax module."""
+"""The model bundle a meta-learner sees: pure functions of parameters, state and a key.
+
+A :class:`Model` has parameters, mutable state (Flax collections other than ``params``, such as
+batch-norm running statistics in ``batch_stats``) and takes a PRNG key on every call (dropout,
+DropBlock: Flax's ``'dropout'`` rng). It *declares* its parts rather than having them guessed:
+the top-level parameter entries of its head, a method returning the features before the head,
+the parameters of its normalisation layers (found by layer type, not by name) and whether it is
+convolutional. :func:`model_from_flax` builds one from a Flax module and those declarations.
+"""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import optax
 
 PyTree = Any
+# apply(params, state, key, x, train) -> (outputs, new_state)
+Apply = Callable[[PyTree, PyTree, jax.Array, jax.Array, bool], tuple[jax.Array, PyTree]]
 
-
-def mse_loss(outputs: jax.Array, targets: jax.Array) -> jax.Array:
-    return jnp.mean((outputs - targets) ** 2)
-
-
-def cross_entropy_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
-
-def regression_metrics(outputs: jax.Array, targets: jax.Array) -> dict[str, jax.Array]:
-    return {"mse": mse_loss(outputs, targets)}
-
-
-def classification_metrics(logits: jax.Array, labels: jax.Array) -> dict[str, jax.Array]:
-    return {
-        "loss": cross_entropy_loss(logits, labels),
-        "accuracy": jnp.mean(jnp.argmax(logits, -1) == labels),
-    }
+# Flax's normalisation layers; a model adds its own through ``norm_layers``.
+NORM_LAYERS: tuple[type, ...] = (
+    nn.BatchNorm,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.RMSNorm,
+    nn.InstanceNorm,
+)
 
 
 class Model(NamedTuple):
-    """A model as pure functions of a parameter pytree.
+    """A model as pure functions.
 
-    ``apply(params, x) -> outputs``; ``loss(outputs, y) -> scalar``; ``metrics(outputs, y) ->
-    dict``. ``head`` names the top-level parameter entries of the final layer (ANIL adapts only
-    those; Prototypical Networks drop them).
+    - ``init(key) -> (params, state)``; ``state`` is a dict of mutable collections (``{}`` for
+      a stateless model).
+    - ``apply(params, state, key, x, train=True) -> (outputs, new_state)``: in training mode the
+      mutable collections are updated (and returned); in evaluation mode (``train=False``) they
+      are read (e.g. running statistics) and returned unchanged. ``key`` feeds the model's
+      randomness (dropout); None for none.
+    - ``embed``: like ``apply``, returning the features before the head; None if not declared.
+    - ``head``: the top-level parameter entries of the final layer (ANIL adapts only those;
+      Prototypical Networks replace them).
+    - ``norm_paths``: the parameter paths (``"norms_0/scale"``) of normalisation layers.
+    - ``is_convolutional``: picks the CPU task batching and the number of fused steps.
     """
 
-    init: Callable[[jax.Array], PyTree]
-    apply: Callable[[PyTree, jax.Array], jax.Array]
-    loss: Callable[[jax.Array, jax.Array], jax.Array]
-    metrics: Callable[[jax.Array, jax.Array], dict[str, jax.Array]]
+    init: Callable[[jax.Array], tuple[PyTree, PyTree]]
+    apply: Apply
+    embed: Apply | None = None
     head: tuple[str, ...] = ()
-    embed: Callable[[PyTree, jax.Array], jax.Array] | None = None
+    norm_paths: frozenset[str] = frozenset()
+    is_convolutional: bool = False
 
-    def loss_fn(self, params: PyTree, batch: tuple[jax.Array, jax.Array]) -> jax.Array:
-        """``loss(apply(params, x), y)``: the ``(params, batch) -> scalar`` boundary of core."""
-        x, y = batch
-        return self.loss(self.apply(params, x), y)
 
-    def metrics_fn(self, params: PyTree, batch: tuple[jax.Array, jax.Array]) -> dict:
-        x, y = batch
-        return self.metrics(self.apply(params, x), y)
+class ModelParts(NamedTuple):
+    """What a registered Flax model declares about itself (see :func:`model_from_flax`)."""
+
+    head: str | None = None
+    embed: str | None = None
+    convolutional: bool = False
+    norm_layers: tuple[type, ...] = ()
+
+
+def stateless(
+    init: Callable[[jax.Array], PyTree],
+    apply: Callable[[PyTree, jax.Array], jax.Array],
+    **declared: Any,
+) -> Model:
+    """A :class:`Model` from ``init(key) -> params`` and ``apply(params, x) -> outputs``.
+
+    >>> import jax, jax.numpy as jnp
+    >>> model = stateless(lambda key: jnp.ones(2), lambda w, x: x @ w)
+    >>> params, state = model.init(jax.random.key(0))
+    >>> model.apply(params, state, None, jnp.eye(2))
+    (Array([1., 1.], dtype=float32), {})
+    """
+
+    def apply_fn(params, state, key, x, train=True):
+        del key, train
+        return apply(params, x), state
+
+    return Model(lambda key: (init(key), {}), apply_fn, **declared)
+
+
+def _takes_train(method: Callable) -> bool:
+    return "train" in inspect.signature(method).parameters
+
+
+def _norm_paths(module: nn.Module, example: jax.Array, layers: tuple[type, ...]) -> frozenset:
+    """Parameter paths of the submodules of ``module`` that are instances of ``layers``."""
+    found: list[tuple[str, ...]] = []
+
+    def record(next_fun, args, kwargs, context):
+        if isinstance(context.module, layers):
+            found.append(tuple(context.module.path))
+        return next_fun(*args, **kwargs)
+
+    with nn.intercept_methods(record):
+        shapes = jax.eval_shape(lambda: module.init(jax.random.key(0), example))
+    names = set()
+    for path, _ in jax.tree_util.tree_leaves_with_path(shapes.get("params", {})):
+        keys = tuple(str(p.key) for p in path)
+        if any(keys[: len(prefix)] == prefix for prefix in found):
+            names.add("/".join(keys))
+    return frozenset(names)
 
 
 def model_from_flax(
     module: nn.Module,
     input_shape: tuple[int, ...],
-    kind: str,
-    head: tuple[str, ...] = (),
-    embed_method: str | None = None,
+    parts: ModelParts | None = None,
 ) -> Model:
-    """Wrap a Flax module (with a ``params`` collection only) as a :class:`Model`.
+    """Wrap a Flax module as a :class:`Model`.
 
-    ``kind`` picks the loss: ``"regression"`` (mean squared error) or ``"classification"``
-    (softmax cross-entropy with integer labels). ``embed_method`` names a module method that
-    returns features before the head (used by Prototypical Networks).
+    The module's collections other than ``params`` are its state. Its ``__call__`` (and the
+    ``parts.embed`` method) may take a ``train`` argument (Flax's convention; batch norm reads
+    running averages when it is false) and may draw from the ``'dropout'`` rng. ``parts``
+    declares the head (a top-level parameter entry), the embedding method, whether the model is
+    convolutional, and its own normalisation layer types (beyond Flax's :data:`NORM_LAYERS`).
+
+    >>> import jax, jax.numpy as jnp
+    >>> from metalearn.models.mlp import MLP
+    >>> model = model_from_flax(MLP((8,), 1), (1,), ModelParts(head="head", embed="embed"))
+    >>> params, state = model.init(jax.random.key(0))
+    >>> model.head, state, model.apply(params, state, None, jnp.ones((3, 1)))[0].shape
+    (('head',), {}, (3, 1))
+    >>> class Normed(nn.Module):
+    ...     @nn.compact
+    ...     def __call__(self, x, train: bool = True):
+    ...         x = nn.BatchNorm(use_running_average=not train, name="bn")(nn.Dense(2)(x))
+    ...         return nn.Dense(1, name="out")(x)
+    >>> normed = model_from_flax(Normed(), (3,))
+    >>> sorted(normed.norm_paths)
+    ['bn/bias', 'bn/scale']
+    >>> params, state = normed.init(jax.random.key(0))
+    >>> _, trained = normed.apply(params, state, None, jnp.ones((4, 3)) * 2.0, train=True)
+    >>> _, same = normed.apply(params, state, None, jnp.ones((4, 3)), train=False)
+    >>> bool(jnp.all(trained["batch_stats"]["bn"]["mean"] != 0)), same is state
+    (True, True)
     """
-    if kind == "regression":
-        loss, metrics = mse_loss, regression_metrics
-    elif kind == "classification":
-        loss, metrics = cross_entropy_loss, classification_metrics
-    else:
-        raise ValueError(f"unknown task kind {kind!r}; expected 'regression' or 'classification'")
+    parts = parts or ModelParts()
+    example = jnp.zeros((1, *input_shape), jnp.float32)
+    train_arg = _takes_train(module.__call__)
+    embed_method = getattr(module, parts.embed) if parts.embed else None
+    embed_train_arg = embed_method is not None and _takes_train(embed_method)
+    norm_paths = _norm_paths(module, example, NORM_LAYERS + tuple(parts.norm_layers))
 
-    def init(key: jax.Array) -> PyTree:
-        return module.init(key, jnp.zeros((1, *input_shape), jnp.float32))["params"]
+    def init(key: jax.Array) -> tuple[PyTree, PyTree]:
+        variables = dict(module.init(key, example))
+        params = variables.pop("params", {})
+        return params, variables
 
-    def apply(params: PyTree, x: jax.Array) -> jax.Array:
-        return module.apply({"params": params}, x)
+    def call(method, takes_train: bool):
+        def apply(params, state, key, x, train=True):
+            variables = {"params": params, **state}
+            rngs = {"dropout": key} if key is not None else {}
+            kwargs = {"train": train} if takes_train else {}
+            if train and state:
+                outputs, updates = module.apply(
+                    variables, x, rngs=rngs, method=method, mutable=list(state), **kwargs
+                )
+                return outputs, {**state, **updates}
+            return module.apply(variables, x, rngs=rngs, method=method, **kwargs), state
 
-    embed = None
-    if embed_method is not None:
+        return apply
 
-        def embed(params: PyTree, x: jax.Array) -> jax.Array:
-            return module.apply({"params": params}, x, method=embed_method)
-
-    return Model(init, apply, loss, metrics, tuple(head), embed)
+    return Model(
+        init=init,
+        apply=call(None, train_arg),
+        embed=call(parts.embed, embed_train_arg) if parts.embed else None,
+        head=(parts.head,) if parts.head else (),
+        norm_paths=norm_paths,
+        is_convolutional=parts.convolutional,
+    )

@@ -38,6 +38,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from metalearn.models.base import ModelParts
 from metalearn.models.patch_conv import PatchConv
 from metalearn.registry import MODELS
 
@@ -142,30 +143,31 @@ class Conv4Config:
     norm_scale: bool = True  # False: batch norm offsets only, as in Finn et al.'s code
 
 
-@MODELS.register("conv4", Conv4Config)
-def conv4(
-    num_outputs: int,
-    *,
-    filters: int = 64,
-    downsample: str = "stride",
-    readout: str = "mean",
-    conv: str = "auto",
-    norm_scale: bool = True,
-) -> Conv4:
+CONV4_PARTS = ModelParts(
+    head="head", embed="embed", convolutional=True, norm_layers=(BatchStatNorm,)
+)
+
+
+@MODELS.register("conv4", Conv4Config, parts=CONV4_PARTS)
+def conv4(num_outputs: int, config: Conv4Config | None = None) -> Conv4:
     """Conv4 with ``num_outputs`` logits; see the module docstring for the two variants.
 
-    >>> conv4(5, filters=32, downsample="maxpool", readout="flatten").filters
+    >>> conv4(5, Conv4Config(filters=32, downsample="maxpool", readout="flatten")).filters
     32
     >>> import jax, jax.numpy as jnp
-    >>> params = conv4(5, norm_scale=False).init(jax.random.key(0), jnp.zeros((1, 28, 28, 1)))
+    >>> offsets_only = conv4(5, Conv4Config(norm_scale=False))
+    >>> params = offsets_only.init(jax.random.key(0), jnp.zeros((1, 28, 28, 1)))
     >>> sorted(params["params"]["norms_0"])
     ['bias']
     """
-    if downsample not in DOWNSAMPLING:
-        raise ValueError(f"model.downsample must be one of {DOWNSAMPLING}, got {downsample!r}")
-    if readout not in READOUTS:
-        raise ValueError(f"model.readout must be one of {READOUTS}, got {readout!r}")
-    if int(filters) < 1:
-        raise ValueError(f"model.filters must be >= 1, got {filters}")
-    resolve_conv(conv)  # validates
-    return Conv4(int(num_outputs), int(filters), downsample, readout, conv, bool(norm_scale))
+    c = config or Conv4Config()
+    if c.downsample not in DOWNSAMPLING:
+        raise ValueError(f"model.downsample must be one of {DOWNSAMPLING}, got {c.downsample!r}")
+    if c.readout not in READOUTS:
+        raise ValueError(f"model.readout must be one of {READOUTS}, got {c.readout!r}")
+    if int(c.filters) < 1:
+        raise ValueError(f"model.filters must be >= 1, got {c.filters}")
+    resolve_conv(c.conv)  # validates
+    return Conv4(
+        int(num_outputs), int(c.filters), c.downsample, c.readout, c.conv, bool(c.norm_scale)
+    )

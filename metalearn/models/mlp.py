@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import flax.linen as nn
 import jax
 
+from metalearn.models.base import ModelParts
 from metalearn.registry import MODELS
 
 ACTIVATIONS = {"relu": nn.relu, "tanh": nn.tanh, "gelu": nn.gelu}
@@ -46,12 +47,18 @@ class MLPConfig:
     activation: str = "relu"
 
 
-@MODELS.register("mlp", MLPConfig)
-def mlp(num_outputs: int, *, hidden_sizes=(40, 40), activation="relu") -> MLP:
-    if activation not in ACTIVATIONS:
+@MODELS.register("mlp", MLPConfig, parts=ModelParts(head="head", embed="embed"))
+def mlp(num_outputs: int, config: MLPConfig | None = None) -> MLP:
+    """The MLP ``config`` describes (default :class:`MLPConfig`), with ``num_outputs`` outputs.
+
+    >>> mlp(1).hidden_sizes
+    (40, 40)
+    """
+    c = config or MLPConfig()
+    if c.activation not in ACTIVATIONS:
         raise ValueError(
-            f"model.activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}"
+            f"model.activation must be one of {sorted(ACTIVATIONS)}, got {c.activation!r}"
         )
-    if not hidden_sizes or any(int(w) < 1 for w in hidden_sizes):
-        raise ValueError(f"model.hidden_sizes must be positive widths, got {list(hidden_sizes)}")
-    return MLP(tuple(int(w) for w in hidden_sizes), num_outputs, activation)
+    if not c.hidden_sizes or any(int(w) < 1 for w in c.hidden_sizes):
+        raise ValueError(f"model.hidden_sizes must be positive widths, got {list(c.hidden_sizes)}")
+    return MLP(tuple(int(w) for w in c.hidden_sizes), num_outputs, c.activation)

@@ -108,19 +108,16 @@ def evaluate_split(
     return records
 
 
-def primary_metric(kind: str) -> tuple[str, str]:
-    """The metric that selects the best parameters on validation, and 'min' or 'max'."""
-    return ("mse", "min") if kind == "regression" else ("accuracy", "max")
-
-
-def selection_score(records: list[dict], kind: str, shots: int) -> float:
-    """The primary metric at the training shot count and the most inner steps evaluated."""
-    metric, mode = primary_metric(kind)
+def selection_score(records: list[dict], objective: Any, shots: int) -> float:
+    """The objective's primary metric at the training shot count and the most inner steps
+    evaluated, signed so that higher is better (``objective``: any object with
+    ``primary_metric`` and ``maximize``, e.g. :class:`metalearn.data.task.Objective`)."""
+    metric = objective.primary_metric
     candidates = [r for r in records if r["metric"] == metric]
     chosen = max(candidates, key=lambda r: (r["shots"] == shots, r["steps"]))
     if chosen["mean"] is None or chosen["nonfinite"]:
         return -math.inf  # a diverging model is never the best
-    return chosen["mean"] if mode == "max" else -chosen["mean"]
+    return chosen["mean"] if objective.maximize else -chosen["mean"]
 
 
 def format_record(record: dict) -> str:

@@ -1,57 +1,80 @@
-"""Build the parts of a run from a validated config: tasks, model, algorithm, optimiser."""
+"""Build the parts of a run from a validated config: task family, model, algorithm, optimiser."""
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import optax
 
-from metalearn.algorithms.base import MetaLearner, algorithm_lr_schedule
+from metalearn.algorithms.base import MetaLearner
 from metalearn.config import Config, OptimizerConfig
-from metalearn.data.task import TaskDistribution
-from metalearn.models.base import Model, model_from_flax
+from metalearn.data.task import Objective, TaskFamily, family_objective
+from metalearn.models.base import Model, ModelParts, model_from_flax
 from metalearn.registry import ALGORITHMS, MODELS, TASKS
-from metalearn.runner.steps import TrainState, resolve_steps_per_call, resolve_task_batching
+from metalearn.runner.steps import (
+    TrainState,
+    init_train_state,
+    make_meta_train_step,
+    resolve_steps_per_call,
+    resolve_task_batching,
+)
 
 # Streams derived from the run's seed; evaluation uses its own seed (EvalConfig.seed).
-TRAIN_STREAM, INIT_STREAM = 0, 1
+TRAIN_STREAM, INIT_STREAM, MODEL_STREAM = 0, 1, 2
 
 
 class Experiment(NamedTuple):
-    tasks: TaskDistribution
+    tasks: TaskFamily
     model: Model
+    objective: Objective
     learner: MetaLearner
     optimizer: optax.GradientTransformation
     task_batching: str
     steps_per_call: int
     initial_state: TrainState
-    train_key: jax.Array
+    train_key: jax.Array  # tasks of step s: fold_in(train_key, s)
+    model_key: jax.Array  # model randomness of step s: fold_in(model_key, s)
+
+    def meta_train_step(self, meta_steps: int, mesh=None):
+        """This experiment's ``meta_train_step(state, tasks) -> (state, metrics)``."""
+        return make_meta_train_step(
+            self.learner,
+            self.optimizer,
+            meta_steps=meta_steps,
+            strategy=self.task_batching,
+            key=self.model_key,
+            mesh=mesh,
+        )
 
 
-def build_optimizer(
-    cfg: OptimizerConfig, total_steps: int, schedule: optax.Schedule | None = None
-) -> optax.GradientTransformation:
-    """The outer optimiser: adam | adamw | sgd, constant or cosine rate, optional clipping.
+def learning_rate(cfg: OptimizerConfig, meta_steps: int) -> float | optax.Schedule:
+    """The outer learning rate or schedule: the one home of the outer schedule.
 
-    ``schedule``, when given (an algorithm that prescribes its own, like MAML++), replaces the
-    rate the optimiser config describes.
+    ``constant`` (with an optional linear warm-up) or ``cosine`` (warm-up, then a cosine decay
+    to ``lr * final_lr_fraction`` at ``meta_steps``). An algorithm may recommend a schedule in
+    its config group (``conf/algorithm/mamlpp.yaml``); the experiment's ``optimizer`` decides.
+
+    >>> schedule = learning_rate(OptimizerConfig(schedule="cosine", final_lr_fraction=0.01), 100)
+    >>> round(float(schedule(0)), 8), round(float(schedule(100)), 8)
+    (0.001, 1e-05)
     """
-    if schedule is not None:
-        lr = schedule
-    elif cfg.schedule == "cosine":
-        lr = optax.warmup_cosine_decay_schedule(
+    if cfg.schedule == "cosine":
+        return optax.warmup_cosine_decay_schedule(
             init_value=0.0 if cfg.warmup_steps else cfg.lr,
             peak_value=cfg.lr,
             warmup_steps=cfg.warmup_steps,
-            decay_steps=max(total_steps, cfg.warmup_steps + 1),
+            decay_steps=max(meta_steps, cfg.warmup_steps + 1),
             end_value=cfg.lr * cfg.final_lr_fraction,
         )
-    elif cfg.warmup_steps:
-        lr = optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps)
-    else:
-        lr = cfg.lr
+    if cfg.warmup_steps:
+        return optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps)
+    return cfg.lr
+
+
+def build_optimizer(cfg: OptimizerConfig, meta_steps: int) -> optax.GradientTransformation:
+    """The outer optimiser: adam | adamw | sgd at :func:`learning_rate`, optional clipping."""
+    lr = learning_rate(cfg, meta_steps)
     if cfg.name == "adam":
         base = optax.adam(lr)
     elif cfg.name == "adamw":
@@ -63,30 +86,37 @@ def build_optimizer(
     return base
 
 
-def build_model(cfg: Config, tasks: TaskDistribution) -> Model:
-    module = MODELS.build(cfg.model, tasks.num_outputs)
-    embed = "embed" if hasattr(module, "embed") else None
-    return model_from_flax(
-        module, tasks.input_shape, tasks.kind, head=("head",), embed_method=embed
-    )
+def build_model(model_config: Any, tasks: TaskFamily) -> Model:
+    """The registered model ``model_config`` names, sized for ``tasks``, with the parts its
+    registration declares (:class:`~metalearn.models.base.ModelParts`)."""
+    module = MODELS.build(model_config, tasks.num_outputs)
+    parts = MODELS.entry(model_config.name).info.get("parts", ModelParts())
+    return model_from_flax(module, tasks.input_shape, parts)
 
 
 def build_experiment(cfg: Config) -> Experiment:
     """Everything a run needs, from a config already checked by :func:`config.validate`."""
     tasks = TASKS.build(cfg.data)
-    model = build_model(cfg, tasks)
-    learner = ALGORITHMS.build(cfg.algorithm, model)
-    prescribed = algorithm_lr_schedule(cfg.algorithm, cfg.optimizer.lr, cfg.trainer.num_steps)
-    optimizer = build_optimizer(cfg.optimizer, cfg.trainer.num_steps, prescribed)
+    model = build_model(cfg.model, tasks)
+    objective = family_objective(tasks, model)
+    learner = ALGORITHMS.build(cfg.algorithm, objective)
+    optimizer = build_optimizer(cfg.optimizer, cfg.trainer.meta_steps)
     root = jax.random.key(cfg.seed)
-    init_key, learner_key = jax.random.split(jax.random.fold_in(root, INIT_STREAM))
-    model_params = model.init(init_key)
-    meta_params = learner.init(learner_key, model_params)
-    state = TrainState(jnp.asarray(0, jnp.int32), meta_params, optimizer.init(meta_params))
-    strategy = resolve_task_batching(cfg.trainer.task_batching, model_params)
-    steps_per_call = resolve_steps_per_call(cfg.trainer.steps_per_call, model_params)
-    train_key = jax.random.fold_in(root, TRAIN_STREAM)
-    return Experiment(tasks, model, learner, optimizer, strategy, steps_per_call, state, train_key)
+    state = init_train_state(learner, model, optimizer, jax.random.fold_in(root, INIT_STREAM))
+    strategy = resolve_task_batching(cfg.trainer.task_batching, model)
+    steps_per_call = resolve_steps_per_call(cfg.trainer.steps_per_call, model)
+    return Experiment(
+        tasks,
+        model,
+        objective,
+        learner,
+        optimizer,
+        strategy,
+        steps_per_call,
+        state,
+        train_key=jax.random.fold_in(root, TRAIN_STREAM),
+        model_key=jax.random.fold_in(root, MODEL_STREAM),
+    )
 
 
 def count_parameters(tree: Any) -> int:

@@ -18,7 +18,13 @@ from metalearn.runner.evaluation import evaluate_split, format_record, selection
 from metalearn.runner.experiment import Experiment, build_experiment, count_parameters
 from metalearn.runner.reporting import MetricsWriter, Progress
 from metalearn.runner.signals import StopRequest
-from metalearn.runner.steps import all_finite, make_eval_step, make_meta_step, make_multi_step
+from metalearn.runner.steps import (
+    all_finite,
+    make_eval_step,
+    make_meta_step,
+    make_multi_step,
+    trained,
+)
 
 log = logging.getLogger("metalearn")
 
@@ -35,7 +41,7 @@ def chunk_length(step: int, cfg: Config, steps_per_call: int) -> int:
     """
     t = cfg.trainer
     intervals = [t.log_every, t.checkpoint_every] + ([t.eval_every] if t.eval_every else [])
-    next_boundary = min([t.num_steps] + [(step // k + 1) * k for k in intervals])
+    next_boundary = min([t.meta_steps] + [(step // k + 1) * k for k in intervals])
     return min(steps_per_call, next_boundary - step)
 
 
@@ -53,14 +59,11 @@ class Runner:
         self.initial_state = replicated(self.exp.initial_state, self.mesh)
         self.splits = replicated(self.exp.tasks.splits, self.mesh)
         meta_step = make_meta_step(
-            self.exp.learner,
+            self.exp.meta_train_step(cfg.trainer.meta_steps, self.mesh),
             self.exp.tasks,
-            self.exp.optimizer,
             train_key=self.exp.train_key,
             meta_batch_size=cfg.trainer.meta_batch_size,
             shots=cfg.trainer.shots,
-            total_steps=cfg.trainer.num_steps,
-            strategy=self.exp.task_batching,
             mesh=self.mesh,
         )
         self._meta_step = meta_step
@@ -74,9 +77,9 @@ class Runner:
             mesh=self.mesh,
         )
 
-    def eval_step(self, meta_params, split_arrays, keys, shots: int):
+    def eval_step(self, trained_params, split_arrays, keys, shots: int):
         """The jitted evaluation of the tasks drawn from ``keys`` (placed on every device)."""
-        return self._eval_step(meta_params, split_arrays, replicated(keys, self.mesh), shots)
+        return self._eval_step(trained_params, split_arrays, replicated(keys, self.mesh), shots)
 
     def train_call(self, state, num_steps: int):
         """Run ``num_steps`` fused meta-steps; compiles (timed) on first use of a length."""
@@ -91,11 +94,12 @@ class Runner:
             )
         return self._compiled[num_steps](state, arrays)
 
-    def evaluate(self, meta_params, split: str, num_tasks: int, shots_list=None) -> list[dict]:
+    def evaluate(self, trained_params, split: str, num_tasks: int, shots_list=None) -> list[dict]:
+        """Evaluate ``trained_params`` (a :class:`~metalearn.runner.steps.Trained`)."""
         e = self.cfg.eval
         return evaluate_split(
             self.eval_step,
-            meta_params,
+            trained_params,
             self.splits[split],
             split=split,
             seed=e.seed,
@@ -178,22 +182,22 @@ def _train(runner: Runner, started: float) -> dict:
         jax.devices()[0].platform,
     )
     writer = MetricsWriter(runner.workdir, resume_step=step, enabled=is_primary_host())
-    progress = Progress(t.num_steps, step, t.progress_bar)
+    progress = Progress(t.meta_steps, step, t.progress_bar)
     start_time, pending = time.perf_counter(), []
     try:
         with StopRequest() as stop:
-            while step < t.num_steps and not stop.requested:
+            while step < t.meta_steps and not stop.requested:
                 n = chunk_length(step, cfg, runner.exp.steps_per_call)
                 state, metrics = runner.train_call(state, n)
                 step += n
                 progress.advance(step)
                 pending.append((n, metrics))
-                if step % t.log_every == 0 or step == t.num_steps:
+                if step % t.log_every == 0 or step == t.meta_steps:
                     _log_training(runner, writer, progress, step, pending)
                     pending = []
-                if t.eval_every and step % t.eval_every == 0 and step < t.num_steps:
+                if t.eval_every and step % t.eval_every == 0 and step < t.meta_steps:
                     best_score = _validate(runner, writer, state, best_score)
-                if step % t.checkpoint_every == 0 or step == t.num_steps:
+                if step % t.checkpoint_every == 0 or step == t.meta_steps:
                     runner.save(state, best_score)
             if stop.requested:  # the signal may land after the last check inside the loop
                 runner.save(state, best_score)
@@ -263,21 +267,21 @@ def _write_json(workdir: str, name: str, value: Any) -> None:
 def _validate(runner: Runner, writer: MetricsWriter, state, best_score: float) -> float:
     """Evaluate on the validation split; keep the parameters if they are the best so far."""
     cfg = runner.cfg
-    records = runner.evaluate(state.meta_params, "val", cfg.eval.val_tasks, [cfg.trainer.shots])
+    records = runner.evaluate(trained(state), "val", cfg.eval.val_tasks, [cfg.trainer.shots])
     step = int(state.step)
     writer.write({"step": step, "split": "val", "eval": records})
-    score = selection_score(records, runner.exp.tasks.kind, cfg.trainer.shots)
+    score = selection_score(records, runner.exp.objective, cfg.trainer.shots)
     if score > best_score:
         best_score = score
-        runner.best.save(step, state.meta_params, {"step": step, "score": score})
+        runner.best.save(step, trained(state), {"step": step, "score": score})
     return best_score
 
 
 def _final_evaluation(runner: Runner, state) -> list[dict]:
     cfg = runner.cfg
-    meta_params, chosen = state.meta_params, "final"
+    meta_params, chosen = trained(state), "final"
     if cfg.eval.select_best and runner.best.latest_step() is not None:
-        meta_params, metadata = runner.best.restore(state.meta_params)
+        meta_params, metadata = runner.best.restore(trained(state))
         chosen = f"best on validation (step {metadata['step']})"
     log.info("final evaluation on %d test tasks with the %s parameters", cfg.eval.num_tasks, chosen)
     records = runner.evaluate(meta_params, "test", cfg.eval.num_tasks)
@@ -292,10 +296,10 @@ def load_for_evaluation(cfg: Config, workdir: str, which: str = "best") -> tuple
     runner = Runner(cfg, workdir)
     template = runner.initial_state
     if which == "best" and runner.best.latest_step() is not None:
-        params, _ = runner.best.restore(template.meta_params)
+        params, _ = runner.best.restore(trained(template))
         return runner, params
     if runner.checkpoints.latest_step() is None:
         runner.close()
         raise FileNotFoundError(f"no checkpoint in {workdir}: nothing to evaluate")
     state, _ = runner.checkpoints.restore(template)
-    return runner, state.meta_params
+    return runner, trained(state)

@@ -1,7 +1,11 @@
-"""The jitted meta-step and evaluation step, with tasks batched by a per-backend strategy.
+"""The meta-training step, the evaluation step, and how tasks are batched per backend.
 
-Tasks are sampled on the device inside the jitted function from the split arrays passed in as
-an argument; nothing crosses from host to device per step except the step counter in ``state``.
+:func:`make_meta_train_step` builds the one unit everything calls (the runner, the
+benchmarks, the tests, experiments/): ``meta_train_step(state, tasks) -> (state, metrics)``,
+one meta-update from an already-sampled meta-batch. :func:`make_meta_step` wraps sampling
+around it: tasks are sampled on the device inside the jitted function from the split arrays
+passed in as an argument; nothing crosses from host to device per step except the step counter
+in ``state``.
 """
 
 from __future__ import annotations
@@ -13,40 +17,52 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from metalearn.algorithms.base import MetaLearner
-from metalearn.data.task import TaskDistribution
+from metalearn.algorithms.base import MetaLearner, TaskContext, context
+from metalearn.data.task import TaskFamily
+from metalearn.models.base import Model
 from metalearn.runner.devices import constrain_replicated, shard_task_axis
 
 PyTree = Any
 
 
 class TrainState(NamedTuple):
+    """Everything a meta-training step updates (and a checkpoint holds)."""
+
     step: jax.Array  # int32 scalar: meta-steps done
     meta_params: PyTree
+    model_state: PyTree  # the model's mutable collections ({} for a stateless model)
     opt_state: PyTree
 
 
-def resolve_task_batching(strategy: str, model_params: PyTree) -> str:
+class Trained(NamedTuple):
+    """What evaluation needs from a training state (and the best checkpoint keeps)."""
+
+    meta_params: PyTree
+    model_state: PyTree
+
+
+def trained(state: TrainState) -> Trained:
+    return Trained(state.meta_params, state.model_state)
+
+
+def resolve_task_batching(strategy: str, model: Model) -> str:
     """Pick how the tasks of a meta-batch are batched, when the config says ``auto``.
 
     On GPUs and TPUs, ``vmap``. On CPU, ``vmap`` for dense models, but ``map`` (one task per
-    loop iteration) for convolutional ones (any 4-d kernel): per-task kernels under ``vmap``
-    become grouped convolutions, which XLA:CPU expands, and one task's matrix products are
-    already large enough for the CPU; a Python loop unrolled inside ``jit`` (``unroll``) makes
-    the program 32 times larger and compiles for minutes. Measured in experiments/benchmarks/.
+    loop iteration) for convolutional ones (``Model.is_convolutional``): per-task kernels under
+    ``vmap`` become grouped convolutions, which XLA:CPU expands, and one task's matrix products
+    are already large enough for the CPU; a Python loop unrolled inside ``jit`` (``unroll``)
+    makes the program 32 times larger and compiles for minutes. Measured in
+    experiments/benchmarks/.
     """
     if strategy != "auto":
         return strategy
     if jax.default_backend() != "cpu":
         return "vmap"
-    return "map" if _has_convolutions(model_params) else "vmap"
+    return "map" if model.is_convolutional else "vmap"
 
 
-def _has_convolutions(model_params: PyTree) -> bool:
-    return any(leaf.ndim == 4 for leaf in jax.tree_util.tree_leaves(model_params))
-
-
-def resolve_steps_per_call(steps_per_call: int, model_params: PyTree) -> int:
+def resolve_steps_per_call(steps_per_call: int, model: Model) -> int:
     """Meta-steps fused per jitted call; 0 means auto.
 
     Auto fuses 100 steps in a ``lax.scan`` (dispatch overhead dominates small models), and
@@ -55,13 +71,44 @@ def resolve_steps_per_call(steps_per_call: int, model_params: PyTree) -> int:
     """
     if steps_per_call:
         return steps_per_call
-    if jax.default_backend() == "cpu" and _has_convolutions(model_params):
+    if jax.default_backend() == "cpu" and model.is_convolutional:
         return 10
     return 100
 
 
+def parallel_chains(strategy: str) -> int | None:
+    """``k`` for a ``map<k>`` strategy (``"map2"``: two loops side by side), else None.
+
+    >>> parallel_chains("map2"), parallel_chains("map")
+    (2, None)
+    """
+    if strategy.startswith("map") and strategy[3:].isdigit() and int(strategy[3:]) >= 1:
+        return int(strategy[3:])
+    return None
+
+
 def map_over_tasks(fn: Callable[[PyTree], PyTree], tasks: PyTree, strategy: str) -> PyTree:
-    """Apply ``fn`` to each task (leading axis of ``tasks``); results stacked on axis 0."""
+    """Apply ``fn`` to each task (leading axis of ``tasks``); results stacked on axis 0.
+
+    ``vmap``; ``map`` (a ``lax.map`` loop, one task at a time); ``map<k>`` (the tasks split
+    into ``k`` groups, each a ``lax.map`` loop, the loops side by side so XLA:CPU can run them
+    on different cores); ``unroll`` (a Python loop inside ``jit``).
+
+    >>> import jax.numpy as jnp
+    >>> map_over_tasks(jnp.sum, jnp.arange(8.0).reshape(4, 2), "map2").tolist()
+    [1.0, 5.0, 9.0, 13.0]
+    """
+    chains = parallel_chains(strategy)
+    if chains is not None:
+        count = jax.tree_util.tree_leaves(tasks)[0].shape[0]
+        if count % chains:
+            raise ValueError(f"meta-batch {count} is not a multiple of {chains} chains")
+        groups = jax.tree_util.tree_map(lambda t: t.reshape(chains, -1, *t.shape[1:]), tasks)
+        outs = [
+            jax.lax.map(fn, jax.tree_util.tree_map(lambda t, i=i: t[i], groups))
+            for i in range(chains)
+        ]
+        return jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs), *outs)
     if strategy == "vmap":
         return jax.vmap(fn)(tasks)
     if strategy == "map":
@@ -105,33 +152,98 @@ def mean_over_tasks(
     return jax.tree_util.tree_map(lambda x: x / count, total)
 
 
-def sample_tasks(
-    tasks: TaskDistribution, split_arrays: PyTree, key: jax.Array, count: int, shots: int
-):
+def sample_tasks(family: TaskFamily, split_arrays: PyTree, key: jax.Array, count: int, shots: int):
     """``count`` tasks from one key, stacked on a leading axis."""
-    return sample_tasks_from_keys(tasks, split_arrays, jax.random.split(key, count), shots)
+    return sample_tasks_from_keys(family, split_arrays, jax.random.split(key, count), shots)
 
 
-def sample_tasks_from_keys(
-    tasks: TaskDistribution, split_arrays: PyTree, keys: jax.Array, shots: int
-):
+def sample_tasks_from_keys(family: TaskFamily, split_arrays: PyTree, keys: jax.Array, shots: int):
     """One task per key, stacked on a leading axis."""
-    return jax.vmap(lambda k: tasks.sample(split_arrays, k, shots))(keys)
+    return jax.vmap(lambda k: family.sample(split_arrays, k, shots))(keys)
+
+
+def init_train_state(
+    learner: MetaLearner,
+    model: Model,
+    optimizer: optax.GradientTransformation,
+    key: jax.Array,
+) -> TrainState:
+    """Step 0: model initialised, learner and optimiser state built (optax-style ``init``)."""
+    init_key, learner_key = jax.random.split(key)
+    model_params, model_state = model.init(init_key)
+    meta_params = learner.init(learner_key, model_params)
+    step = jnp.asarray(0, jnp.int32)
+    return TrainState(step, meta_params, model_state, optimizer.init(meta_params))
+
+
+def make_meta_train_step(
+    learner: MetaLearner,
+    optimizer: optax.GradientTransformation,
+    *,
+    meta_steps: int,
+    strategy: str,
+    key: jax.Array,
+    mesh=None,
+) -> Callable[[TrainState, PyTree], tuple[TrainState, dict]]:
+    """``meta_train_step(state, tasks) -> (state, metrics)``: one meta-update from an
+    already-sampled meta-batch (``tasks``: tasks stacked on a leading axis), not yet jitted.
+
+    Each task gets its context: the state's integer step, ``meta_steps`` (the run's length),
+    the model state and its own key (``fold_in(key, step)`` split over the tasks). The tasks'
+    meta-gradients, new model states and metrics are averaged; the optax ``optimizer``
+    applies the mean gradient. With a ``mesh`` the task axis is split across its devices.
+
+    >>> import jax, jax.numpy as jnp, optax
+    >>> from metalearn.algorithms.maml import maml
+    >>> from metalearn.data.sinusoid import sinusoid
+    >>> from metalearn.data.task import family_objective
+    >>> from metalearn.models.base import model_from_flax
+    >>> from metalearn.models.mlp import MLP
+    >>> family = sinusoid()
+    >>> model = model_from_flax(MLP((40, 40), 1), (1,))
+    >>> learner, optimizer = maml(family_objective(family, model)), optax.adam(1e-3)
+    >>> state = init_train_state(learner, model, optimizer, jax.random.key(0))
+    >>> tasks = sample_tasks(family, {}, jax.random.key(1), 4, 10)
+    >>> step = make_meta_train_step(
+    ...     learner, optimizer, meta_steps=10, strategy="vmap", key=jax.random.key(2))
+    >>> state, metrics = jax.jit(step)(state, tasks)
+    >>> int(state.step), sorted(metrics)
+    (1, ['mse'])
+    """
+
+    def meta_train_step(state: TrainState, tasks: PyTree):
+        count = jax.tree_util.tree_leaves(tasks)[0].shape[0]
+        keys = jax.random.split(jax.random.fold_in(key, state.step), count)
+        total = jnp.asarray(meta_steps, jnp.int32)
+
+        def one_task(task_and_key):
+            task, task_key = task_and_key
+            ctx = TaskContext(state.step, total, state.model_state, task_key)
+            grads, aux = learner.task_grad(state.meta_params, task, ctx)
+            return grads, aux.model_state, aux.metrics
+
+        grads, model_state, metrics = mean_over_tasks(
+            one_task, (tasks, keys), strategy, in_carry=mesh is None
+        )
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.meta_params)
+        meta_params = optax.apply_updates(state.meta_params, updates)
+        new_state = TrainState(state.step + 1, meta_params, model_state, opt_state)
+        return constrain_replicated((new_state, metrics), mesh)
+
+    return meta_train_step
 
 
 def make_meta_step(
-    learner: MetaLearner,
-    tasks: TaskDistribution,
-    optimizer: optax.GradientTransformation,
+    meta_train_step: Callable[[TrainState, PyTree], tuple[TrainState, dict]],
+    family: TaskFamily,
     *,
     train_key: jax.Array,
     meta_batch_size: int,
     shots: int,
-    total_steps: int,
-    strategy: str,
     mesh=None,
 ) -> Callable[[TrainState, PyTree], tuple[TrainState, dict]]:
-    """One meta-step ``(state, train_arrays) -> (state, metrics)``, not yet jitted.
+    """``(state, train_arrays) -> (state, metrics)``: sample a meta-batch on the device, then
+    ``meta_train_step`` on it; not yet jitted.
 
     The step's tasks come from ``fold_in(train_key, state.step)``, so a run resumed from any
     checkpoint sees exactly the tasks an uninterrupted run would. With a ``mesh`` the tasks are
@@ -140,21 +252,8 @@ def make_meta_step(
 
     def meta_step(state: TrainState, train_arrays: PyTree):
         key = jax.random.fold_in(train_key, state.step)
-        batch = shard_task_axis(
-            sample_tasks(tasks, train_arrays, key, meta_batch_size, shots), mesh
-        )
-        progress = state.step.astype(jnp.float32) / total_steps
-        grads, metrics = mean_over_tasks(
-            lambda task: learner.task_grad(state.meta_params, task, progress),
-            batch,
-            strategy,
-            in_carry=mesh is None,
-        )
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.meta_params)
-        meta_params = optax.apply_updates(state.meta_params, updates)
-        return constrain_replicated(
-            (TrainState(state.step + 1, meta_params, opt_state), metrics), mesh
-        )
+        tasks = sample_tasks(family, train_arrays, key, meta_batch_size, shots)
+        return meta_train_step(state, shard_task_axis(tasks, mesh))
 
     return meta_step
 
@@ -175,21 +274,30 @@ def make_multi_step(meta_step: Callable, num_steps: int) -> Callable:
 
 def make_eval_step(
     learner: MetaLearner,
-    tasks: TaskDistribution,
+    family: TaskFamily,
     *,
     steps: tuple[int, ...],
     strategy: str,
     mesh=None,
 ) -> Callable:
-    """Jitted ``(meta_params, split_arrays, keys, shots) -> {metric: [len(keys), len(steps)]}``."""
+    """Jitted ``(trained, split_arrays, keys, shots) -> {metric: [len(keys), len(steps)]}``.
 
-    def evaluate(meta_params, split_arrays, keys, shots):
-        batch = sample_tasks_from_keys(tasks, split_arrays, keys, shots)
+    ``trained`` is a :class:`Trained` (meta-parameters and model state). Each task is sampled
+    from its key; its model key is ``fold_in(key, 1)``.
+    """
+
+    def evaluate(trained: Trained, split_arrays, keys, shots):
+        batch = sample_tasks_from_keys(family, split_arrays, keys, shots)
+        model_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
         if mesh is not None and keys.shape[0] % mesh.size == 0:
-            batch = shard_task_axis(batch, mesh)
-        per_task = map_over_tasks(
-            lambda t: learner.evaluate(meta_params, t, steps), batch, strategy
-        )
+            batch, model_keys = shard_task_axis((batch, model_keys), mesh)
+
+        def one_task(task_and_key):
+            task, key = task_and_key
+            ctx = context(trained.model_state, key)
+            return learner.evaluate(trained.meta_params, task, ctx, steps)
+
+        per_task = map_over_tasks(one_task, (batch, model_keys), strategy)
         return constrain_replicated(per_task, mesh)
 
     return jax.jit(evaluate, static_argnums=3)

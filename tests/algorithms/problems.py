@@ -1,19 +1,68 @@
 """Small problems the algorithm tests share: a linear model, sinusoid and Gaussian-cluster tasks,
-and a jitted meta-training loop."""
+and a jitted meta-training loop built on the library's ``meta_train_step``."""
 
 from __future__ import annotations
 
 import functools
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
+from metalearn.algorithms.base import context
 from metalearn.data.sinusoid import sample_sinusoid_task
-from metalearn.data.task import Task
-from metalearn.models.base import Model, model_from_flax
+from metalearn.data.task import (
+    Aux,
+    Objective,
+    Task,
+    classification_metrics,
+    cross_entropy_loss,
+    mse_loss,
+    regression_metrics,
+    supervised_objective,
+)
+from metalearn.models.base import ModelParts, model_from_flax, stateless
 from metalearn.models.mlp import MLP
+from metalearn.runner.steps import TrainState, make_meta_train_step
+
+CTX = context()  # stateless models, no randomness, step 0
+
+
+class Problem(NamedTuple):
+    """A supervised model the tests drive directly: ``objective`` for the learners, and the
+    pieces of its loss for the independent computations (``init(key) -> params``,
+    ``apply(params, x)``, ``loss(outputs, y)``, ``loss_fn(params, (x, y))``)."""
+
+    objective: Objective
+    init: Any
+    apply: Any
+    loss: Any
+    metrics: Any
+
+    def loss_fn(self, params, batch):
+        x, y = batch
+        return self.loss(self.apply(params, x), y)
+
+    @property
+    def model(self):
+        return self.objective.model
+
+
+def problem(model, kind: str) -> Problem:
+    """A :class:`Problem` from a stateless :class:`~metalearn.models.base.Model`."""
+    loss, metrics = (
+        (mse_loss, regression_metrics)
+        if kind == "regression"
+        else (cross_entropy_loss, classification_metrics)
+    )
+    return Problem(
+        supervised_objective(model, kind),
+        lambda key: model.init(key)[0],
+        lambda params, x: model.apply(params, {}, None, x, False)[0],
+        loss,
+        metrics,
+    )
 
 
 def to64(tree):
@@ -35,17 +84,33 @@ def tree_vdot(a, b) -> jax.Array:
     return sum(jnp.vdot(x, y) for x, y in pairs)
 
 
-def linear_model(dim: int) -> Model:
-    """``apply(w, x) = x @ w`` with loss ``0.5 * mean((x w - y)^2)``: a quadratic in ``w``."""
+def linear_model(dim: int, activation=None) -> Problem:
+    """``apply(w, x) = x @ w`` with loss ``0.5 * mean((x w - y)^2)``: a quadratic in ``w``
+    (``activation(x @ w)`` with an ``activation``)."""
 
     def loss(outputs, targets):
         return 0.5 * jnp.mean((outputs - targets) ** 2)
 
-    return Model(
-        init=lambda key: jnp.zeros(dim),
-        apply=lambda w, x: x @ w,
-        loss=loss,
-        metrics=lambda outputs, targets: {"loss": loss(outputs, targets)},
+    def x_at(w, x):
+        return x @ w if activation is None else activation(x @ w)
+
+    def objective_loss(params, model_state, key, batch, train=True):
+        value = loss(x_at(params, batch[0]), batch[1])
+        return value, Aux(model_state, {"loss": value})
+
+    def gn_predict(params, model_state, key, batch):
+        return x_at(params, batch[0])
+
+    model = stateless(lambda key: jnp.zeros(dim), x_at)
+    objective = Objective(
+        model, objective_loss, "loss", False, (gn_predict, lambda out, b: loss(out, b[1]))
+    )
+    return Problem(
+        objective,
+        lambda key: jnp.zeros(dim),
+        x_at,
+        loss,
+        lambda outputs, targets: {"loss": loss(outputs, targets)},
     )
 
 
@@ -73,21 +138,21 @@ def quadratic_terms(batch) -> tuple[np.ndarray, np.ndarray]:
 
 
 @functools.cache
-def sine_model() -> Model:
-    """Finn et al.'s 1-40-40-1 MLP, with its head and embedding named."""
-    return model_from_flax(
-        MLP((40, 40), 1), (1,), "regression", head=("head",), embed_method="embed"
-    )
+def sine_model() -> Problem:
+    """Finn et al.'s 1-40-40-1 MLP, with its head and embedding declared."""
+    parts = ModelParts(head="head", embed="embed")
+    return problem(model_from_flax(MLP((40, 40), 1), (1,), parts), "regression")
 
 
 @functools.cache
-def small_sine_model() -> Model:
+def small_sine_model() -> Problem:
     """A 1-8-8-1 tanh MLP, for float64 and finite-difference checks."""
-    return model_from_flax(MLP((8, 8), 1, "tanh"), (1,), "regression", head=("head",))
+    model = model_from_flax(MLP((8, 8), 1, "tanh"), (1,), ModelParts(head="head"))
+    return problem(model, "regression")
 
 
 @functools.cache
-def init_params(model: Model, seed: int = 0):
+def init_params(model: Problem, seed: int = 0):
     return jax.jit(model.init)(jax.random.key(seed))
 
 
@@ -134,10 +199,9 @@ def cluster_tasks(key: jax.Array, count: int, shots: int = 5) -> Task:
 
 
 @functools.cache
-def cluster_model() -> Model:
-    return model_from_flax(
-        MLP((64, 32), WAYS), (DIM,), "classification", head=("head",), embed_method="embed"
-    )
+def cluster_model() -> Problem:
+    parts = ModelParts(head="head", embed="embed")
+    return problem(model_from_flax(MLP((64, 32), WAYS), (DIM,), parts), "classification")
 
 
 @functools.cache
@@ -153,22 +217,17 @@ def task_pool(kind: str, meta_steps: int = 300, meta_batch: int = 8, held_out: i
 
 
 def meta_train(learner, meta_params, batches: Task, optimizer):
-    """One meta-step per leading entry of ``batches`` (vmap over its tasks), in one jitted scan."""
+    """One meta-step per leading entry of ``batches`` (vmap over its tasks), in one jitted scan
+    of the library's ``meta_train_step``."""
     num_steps = jax.tree_util.tree_leaves(batches)[0].shape[0]
-
-    def step(carry, xs):
-        params, opt_state = carry
-        i, batch = xs
-        progress = i.astype(jnp.float32) / num_steps
-        grads, metrics = jax.vmap(lambda t: learner.task_grad(params, t, progress))(batch)
-        grads = jax.tree_util.tree_map(lambda g: g.mean(0), grads)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), metrics
+    step = make_meta_train_step(
+        learner, optimizer, meta_steps=num_steps, strategy="vmap", key=jax.random.key(0)
+    )
 
     @jax.jit
     def run(params, batches):
-        carry = (params, optimizer.init(params))
-        (params, _), metrics = jax.lax.scan(step, carry, (jnp.arange(num_steps), batches))
-        return params, metrics
+        state = TrainState(jnp.asarray(0, jnp.int32), params, {}, optimizer.init(params))
+        state, metrics = jax.lax.scan(step, state, batches)
+        return state.meta_params, metrics
 
     return run(meta_params, batches)

@@ -9,9 +9,11 @@ import numpy as np
 import optax
 import pytest
 
+import metalearn
 from metalearn.config import to_objects
 from metalearn.registry import ALGORITHMS
 from tests.algorithms.problems import (
+    CTX,
     cluster_model,
     init_params,
     meta_train,
@@ -21,13 +23,13 @@ from tests.algorithms.problems import (
 from tests.conftest import compose_config
 
 NAMES = ["maml", "fomaml", "reptile", "anil", "meta_sgd", "mamlpp", "imaml", "protonet"]
-CONF_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "conf", "algorithm")
+CONF_DIR = os.path.join(os.path.dirname(metalearn.__file__), "conf", "algorithm")
 
 
 def build(name, **overrides):
     config = dataclasses.replace(ALGORITHMS.entry(name).config_cls(), **overrides)
     model = cluster_model() if name == "protonet" else sine_model()
-    return ALGORITHMS.build(config, model), model
+    return ALGORITHMS.build(config, model.objective), model
 
 
 def test_the_whole_family_is_registered_with_a_config_file_each():
@@ -40,13 +42,13 @@ def test_config_file_composes_into_the_factory_defaults(name):
     cfg = to_objects(compose_config([f"algorithm={name}"]))
     assert cfg.algorithm == ALGORITHMS.entry(name).config_cls()
     build_model = cluster_model if name == "protonet" else sine_model
-    ALGORITHMS.build(cfg.algorithm, build_model())
+    ALGORITHMS.build(cfg.algorithm, build_model().objective)
 
 
 BAD_VALUES = [
     (name, key, value)
     for name in NAMES
-    for key, value in [("inner_lr", -0.01), ("inner_lr", 0.0), ("num_steps", 0)]
+    for key, value in [("inner_lr", -0.01), ("inner_lr", 0.0), ("inner_steps", 0)]
     if key in {f.name for f in dataclasses.fields(ALGORITHMS.entry(name).config_cls)}
 ]
 
@@ -57,7 +59,7 @@ def test_bad_values_raise_naming_the_key(name, key, value):
         build(name, **{key: value})
 
 
-# The check: the post-adaptation query loss (after the algorithm's own num_steps) on 96 held-out
+# The check: the post-adaptation query loss (after the algorithm's own inner_steps) on 96 held-out
 # tasks, after 300 meta-steps on meta-batches of 8, is below 0.85 x the loss of the untrained
 # model before adapting (sinusoid: a random 1-40-40-1 MLP, MSE ~3.4 on these tasks, about that of
 # predicting zero; measured after training: 0.29 (reptile) to 0.81 (anil) of it), and adapting
@@ -65,7 +67,7 @@ def test_bad_values_raise_naming_the_key(name, key, value):
 # from the random initialisation is ~7). Protonet: cross-entropy and accuracy on Gaussian-cluster
 # tasks (accuracy ~0.35 before, ~0.9 after).
 OUTER = {"reptile": optax.sgd(1.0)}  # epsilon = 1 on the meta-batch mean (Nichol et al.)
-OVERRIDES = {"mamlpp": {"num_steps": 2}}  # compile time; annealing and LSLR stay on
+OVERRIDES = {"mamlpp": {"inner_steps": 2}}  # compile time; annealing and LSLR stay on
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -73,11 +75,11 @@ def test_meta_training_under_jit_and_vmap_reduces_the_loss(name):
     learner, model = build(name, **OVERRIDES.get(name, {}))
     meta_params = learner.init(jax.random.key(0), init_params(model, 1))
     batches, held_out = task_pool("clusters" if name == "protonet" else "sine")
-    inner_steps = getattr(learner_config(name), "num_steps", 0)
-    evaluate = jax.jit(jax.vmap(learner.evaluate, in_axes=(None, 0, None)), static_argnums=2)
+    inner_steps = getattr(learner_config(name), "inner_steps", 0)
+    evaluate = jax.jit(jax.vmap(learner.evaluate, in_axes=(None, 0, None, None)), static_argnums=3)
 
     def mean_metrics(params):
-        out = evaluate(params, held_out, (0, inner_steps))
+        out = evaluate(params, held_out, CTX, (0, inner_steps))
         return {k: np.asarray(v).mean(0) for k, v in out.items()}
 
     before = mean_metrics(meta_params)

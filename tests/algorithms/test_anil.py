@@ -8,8 +8,7 @@ import pytest
 
 from metalearn.algorithms.anil import anil
 from metalearn.core import maml_loss
-from metalearn.models.base import Model
-from tests.algorithms.problems import init_params, sine_model, sine_task
+from tests.algorithms.problems import CTX, init_params, sine_model, sine_task
 
 
 def frozen_body_rates(params, inner_lr):
@@ -22,13 +21,15 @@ def frozen_body_rates(params, inner_lr):
     }
 
 
-@pytest.mark.parametrize("num_steps, first_order", [(3, False), (2, True)])
-def test_gradient_equals_maml_with_the_body_frozen(num_steps, first_order):
+@pytest.mark.parametrize("inner_steps, first_order", [(3, False), (2, True)])
+def test_gradient_equals_maml_with_the_body_frozen(inner_steps, first_order):
     model = sine_model()
     params = init_params(model)
     task = sine_task(1)
-    learner = anil(model, inner_lr=0.005, num_steps=num_steps, first_order=first_order)
-    got, metrics = jax.jit(learner.task_grad)(params, task, 0.0)
+    learner = anil(
+        model.objective, inner_lr=0.005, inner_steps=inner_steps, first_order=first_order
+    )
+    got, aux = jax.jit(learner.task_grad)(params, task, CTX)
     reference = jax.jit(
         jax.grad(maml_loss, argnums=1),
         static_argnums=0,
@@ -40,38 +41,39 @@ def test_gradient_equals_maml_with_the_body_frozen(num_steps, first_order):
         task.support,
         task.query,
         inner_lr=frozen_body_rates(params, 0.005),
-        num_steps=num_steps,
+        num_steps=inner_steps,
         first_order=first_order,
     )
     # Head and body gradients both match (the body's through the adapted head).
     chex.assert_trees_all_close(got, want, rtol=2e-4, atol=1e-6)
     assert float(jnp.abs(got["hidden_0"]["kernel"]).sum()) > 0
-    adapted = jax.jit(learner.adapt)(params, task.support)
-    np.testing.assert_allclose(metrics["mse"], model.loss_fn(adapted, task.query), rtol=1e-5)
+    adapted = jax.jit(learner.adapt)(params, task.support, CTX)
+    np.testing.assert_allclose(aux.metrics["mse"], model.loss_fn(adapted, task.query), rtol=1e-5)
 
 
 def test_adapt_changes_only_the_head():
     model = sine_model()
     params = init_params(model)
     task = sine_task(1)
-    adapted = jax.jit(anil(model, inner_lr=0.005).adapt, static_argnums=2)(params, task.support, 2)
+    learner = anil(model.objective, inner_lr=0.005)
+    adapted = jax.jit(learner.adapt, static_argnums=3)(params, task.support, CTX, 2)
     chex.assert_trees_all_equal(adapted["hidden_0"], params["hidden_0"])
     chex.assert_trees_all_equal(adapted["hidden_1"], params["hidden_1"])
     assert not np.allclose(adapted["head"]["kernel"], params["head"]["kernel"])
 
 
-def test_model_without_a_named_head_is_rejected():
-    model = sine_model()
+def test_model_without_a_declared_head_is_rejected():
+    objective = sine_model().objective
     with pytest.raises(ValueError, match="head"):
-        anil(Model(model.init, model.apply, model.loss, model.metrics))
-    misnamed = model._replace(head=("output",))
+        anil(objective._replace(model=objective.model._replace(head=())))
+    misnamed = objective._replace(model=objective.model._replace(head=("output",)))
     with pytest.raises(ValueError, match="output"):
-        anil(misnamed).init(jax.random.key(0), init_params(model))
+        anil(misnamed).init(jax.random.key(0), init_params(sine_model()))
 
 
 @pytest.mark.parametrize(
-    "kwargs, key", [({"inner_lr": 0.0}, "inner_lr"), ({"num_steps": -1}, "num_steps")]
+    "kwargs, key", [({"inner_lr": 0.0}, "inner_lr"), ({"inner_steps": -1}, "inner_steps")]
 )
 def test_bad_config_values_name_the_key(kwargs, key):
     with pytest.raises(ValueError, match=f"algorithm.{key}"):
-        anil(sine_model(), **kwargs)
+        anil(sine_model().objective, **kwargs)

@@ -8,6 +8,7 @@ import pytest
 from metalearn.algorithms.imaml import gauss_newton_vp, imaml
 from metalearn.core import maml_loss
 from tests.algorithms.problems import (
+    CTX,
     init_params,
     linear_model,
     linear_task,
@@ -30,17 +31,17 @@ def test_implicit_gradient_equals_the_exact_linear_solve(curvature):
         aq, bq = quadratic_terms(task.query)
         lr = 1.0 / (np.linalg.eigvalsh(a).max() + lam)  # descent converges geometrically
         learner = imaml(
-            linear_model(3),
+            linear_model(3).objective,
             inner_lr=float(lr),
-            num_steps=400,
+            inner_steps=400,
             lam=lam,
             cg_iters=3,
             cg_tol=0.0,
             inner_optimizer="sgd",
             curvature=curvature,
         )
-        grad, _ = jax.jit(learner.task_grad)(theta, task, 0.0)
-        phi = jax.jit(learner.adapt)(theta, task.support)
+        grad, _ = jax.jit(learner.task_grad)(theta, task, CTX)
+        phi = jax.jit(learner.adapt)(theta, task.support, CTX)
 
     theta64 = np.asarray(theta)
     phi_exact = np.linalg.solve(a + lam * np.eye(3), b + lam * theta64)
@@ -59,10 +60,12 @@ def test_implicit_gradient_equals_the_exact_linear_solve(curvature):
 
 def test_gauss_newton_product_equals_the_explicit_jacobian_construction():
     """J^T H_out J v with J from jacfwd of a tanh layer and H_out of the mean squared error."""
-    model = linear_model(4)._replace(apply=lambda w, x: jnp.tanh(x @ w))
+    model = linear_model(4, jnp.tanh)
     w, task = linear_task(seed=7, n=6, dim=4)
     v = random_like(w, jax.random.key(4))
-    got = jax.jit(gauss_newton_vp, static_argnums=0)(model, w, task.support, v)
+    predict = lambda p, batch: model.apply(p, batch[0])  # noqa: E731
+    output_loss = lambda out, batch: model.loss(out, batch[1])  # noqa: E731
+    got = jax.jit(gauss_newton_vp, static_argnums=(0, 1))(predict, output_loss, w, task.support, v)
     x, y = task.support
     jac = jax.jacfwd(lambda p: model.apply(p, x))(w)  # [examples, params]
     h_out = jax.hessian(lambda out: model.loss(out, y))(model.apply(w, x))  # I / n
@@ -76,8 +79,8 @@ def test_adam_inner_loop_reaches_the_proximal_point_too():
     lam = 0.7
     with jax.enable_x64(True):
         theta, task = linear_task(seed=4, n=8, dim=3, dtype=np.float64)
-        learner = imaml(linear_model(3), inner_lr=0.01, num_steps=2000, lam=lam)
-        phi = jax.jit(learner.adapt)(theta, task.support)
+        learner = imaml(linear_model(3).objective, inner_lr=0.01, inner_steps=2000, lam=lam)
+        phi = jax.jit(learner.adapt)(theta, task.support, CTX)
     a, b = quadratic_terms(task.support)
     phi_exact = np.linalg.solve(a + lam * np.eye(3), b + lam * np.asarray(theta))
     np.testing.assert_allclose(phi, phi_exact, atol=1e-3)
@@ -85,8 +88,8 @@ def test_adam_inner_loop_reaches_the_proximal_point_too():
 
 def test_inner_loop_is_not_differentiated():
     theta, task = linear_task(seed=5)
-    learner = imaml(linear_model(3), inner_lr=0.1, num_steps=3, lam=1.0)
-    grad = jax.grad(lambda t: jnp.sum(learner.adapt(t, task.support)))(theta)
+    learner = imaml(linear_model(3).objective, inner_lr=0.1, inner_steps=3, lam=1.0)
+    grad = jax.grad(lambda t: jnp.sum(learner.adapt(t, task.support, CTX)))(theta)
     np.testing.assert_array_equal(grad, np.zeros(3))
 
 
@@ -96,8 +99,7 @@ def temp_bytes(fn, *args) -> int:
 
 def memory_problem(kind):
     if kind == "tanh":  # a one-unit non-linear regressor, cheap to compile: the default suite
-        linear = linear_model(16)
-        model = linear._replace(apply=lambda w, x: jnp.tanh(x @ w))
+        model = linear_model(16, jnp.tanh)
         theta, task = linear_task(seed=6, n=200, dim=16)
         return model, theta, task
     model = sine_model()
@@ -110,7 +112,8 @@ def test_compiled_memory_does_not_grow_with_inner_steps(kind):
     backpropagating through the same number of (rolled) MAML steps grows with them."""
     model, params, task = memory_problem(kind)
     imaml_bytes = [
-        temp_bytes(imaml(model, num_steps=n).task_grad, params, task, 0.0) for n in (5, 50)
+        temp_bytes(imaml(model.objective, inner_steps=n).task_grad, params, task, CTX)
+        for n in (5, 50)
     ]
     assert imaml_bytes[1] <= 1.1 * imaml_bytes[0], imaml_bytes
 
@@ -131,7 +134,7 @@ def test_compiled_memory_does_not_grow_with_inner_steps(kind):
         ({"lam": 0.0}, "lam"),
         ({"lam": -1.0}, "lam"),
         ({"inner_lr": -0.01}, "inner_lr"),
-        ({"num_steps": 0}, "num_steps"),
+        ({"inner_steps": 0}, "inner_steps"),
         ({"cg_iters": 0}, "cg_iters"),
         ({"cg_tol": -1e-3}, "cg_tol"),
         ({"inner_optimizer": "lbfgs"}, "inner_optimizer"),
@@ -140,4 +143,4 @@ def test_compiled_memory_does_not_grow_with_inner_steps(kind):
 )
 def test_bad_config_values_name_the_key(kwargs, key):
     with pytest.raises(ValueError, match=f"algorithm.{key}"):
-        imaml(linear_model(3), **kwargs)
+        imaml(linear_model(3).objective, **kwargs)

@@ -11,22 +11,30 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from metalearn.algorithms.base import inner_loop_mask, inner_rates
+from metalearn.algorithms.base import context, inner_loop_mask, inner_rates
 from metalearn.algorithms.maml import fomaml, maml
 from metalearn.algorithms.meta_sgd import meta_sgd
-from metalearn.data.task import Task
-from metalearn.models.base import Model, cross_entropy_loss
-from metalearn.models.conv4 import conv4
+from metalearn.data.task import Aux, Objective, Task, supervised_objective
+from metalearn.models.base import model_from_flax, stateless
+from metalearn.models.conv4 import Conv4Config, conv4
+from metalearn.registry import MODELS
 
 
-def linear_model() -> Model:
-    """``x @ dense/kernel + norm/bias`` with half the mean squared error."""
-    return Model(
-        init=lambda key: {"dense": {"kernel": jnp.zeros(3)}, "norm": {"bias": jnp.zeros(())}},
-        apply=lambda p, x: x @ p["dense"]["kernel"] + p["norm"]["bias"],
-        loss=lambda out, y: 0.5 * jnp.mean((out - y) ** 2),
-        metrics=lambda out, y: {},
+def linear_objective() -> Objective:
+    """``x @ dense/kernel + norm/bias`` with half the mean squared error; the model declares
+    ``norm/bias`` as its normalisation parameter."""
+    model = stateless(
+        lambda key: {"dense": {"kernel": jnp.zeros(3)}, "norm": {"bias": jnp.zeros(())}},
+        lambda p, x: x @ p["dense"]["kernel"] + p["norm"]["bias"],
+        norm_paths=frozenset({"norm/bias"}),
     )
+
+    def loss(params, state, key, batch, train=True):
+        x, y = batch
+        out, state = model.apply(params, state, key, x, train)
+        return 0.5 * jnp.mean((out - y) ** 2), Aux(state, {})
+
+    return Objective(model, loss, "loss", False)
 
 
 def linear_task():
@@ -37,21 +45,25 @@ def linear_task():
     return params, Task(support=(xs, ys), query=(xq, yq))
 
 
-def test_mask_marks_normalisation_parameters_only():
-    params = conv4(5, norm_scale=False).init(jax.random.key(0), jnp.zeros((1, 28, 28, 1)))
-    mask = inner_loop_mask(params["params"], adapt_norm=False)
+def test_mask_marks_the_declared_normalisation_parameters_only():
+    parts = MODELS.entry("conv4").info["parts"]
+    model = model_from_flax(conv4(5, Conv4Config(norm_scale=False)), (28, 28, 1), parts)
+    params, _ = model.init(jax.random.key(0))
+    mask = inner_loop_mask(params, model.norm_paths, adapt_norm=False)
     flat = {jax.tree_util.keystr(p): m for p, m in jax.tree_util.tree_leaves_with_path(mask)}
     assert {k for k, m in flat.items() if not m} == {f"['norms_{i}']['bias']" for i in range(4)}
-    assert all(jax.tree_util.tree_leaves(inner_loop_mask(params, adapt_norm=True)))
-    assert inner_rates(params, 0.4, adapt_norm=True) == 0.4
+    assert all(jax.tree_util.tree_leaves(inner_loop_mask(params, model.norm_paths)))
+    assert inner_rates(params, 0.4, model.norm_paths, adapt_norm=True) == 0.4
+    # Names are not guessed: a parameter called "norm" that the model does not declare adapts.
+    assert all(jax.tree_util.tree_leaves(inner_loop_mask(params, frozenset(), adapt_norm=False)))
 
 
 @pytest.mark.parametrize("factory", [maml, fomaml, meta_sgd])
 def test_inner_step_leaves_the_offsets_and_equals_the_hand_step(factory):
     params, task = linear_task()
     lr = 0.3
-    learner = factory(linear_model(), inner_lr=lr, adapt_norm=False)
-    adapted = learner.adapt(learner.init(jax.random.key(0), params), task.support, 1)
+    learner = factory(linear_objective(), inner_lr=lr, adapt_norm=False)
+    adapted = learner.adapt(learner.init(jax.random.key(0), params), task.support, context(), 1)
     xs, ys = task.support
     w, b = params["dense"]["kernel"], params["norm"]["bias"]
     residual = xs @ w + b - ys
@@ -59,18 +71,17 @@ def test_inner_step_leaves_the_offsets_and_equals_the_hand_step(factory):
     np.testing.assert_allclose(adapted["dense"]["kernel"], expected_w, rtol=1e-6)
     assert float(adapted["norm"]["bias"]) == float(b)  # unchanged, exactly
     # Without the mask the offset moves by lr * mean(r).
-    free = factory(linear_model(), inner_lr=lr).adapt(
-        factory(linear_model(), inner_lr=lr).init(jax.random.key(0), params), task.support, 1
-    )
-    np.testing.assert_allclose(free["norm"]["bias"], b - lr * residual.mean(), rtol=1e-6)
+    free = factory(linear_objective(), inner_lr=lr)
+    moved = free.adapt(free.init(jax.random.key(0), params), task.support, context(), 1)
+    np.testing.assert_allclose(moved["norm"]["bias"], b - lr * residual.mean(), rtol=1e-6)
 
 
 @pytest.mark.parametrize("first_order", [False, True])
 def test_offsets_are_meta_learned_with_the_closed_form_meta_gradient(first_order):
     params, task = linear_task()
     lr = 0.3
-    learner = maml(linear_model(), inner_lr=lr, first_order=first_order, adapt_norm=False)
-    grads, _ = learner.task_grad(params, task, 0.0)
+    learner = maml(linear_objective(), inner_lr=lr, first_order=first_order, adapt_norm=False)
+    grads, _ = learner.task_grad(params, task, context())
     (xs, ys), (xq, yq) = task.support, task.query
     w, b = params["dense"]["kernel"], params["norm"]["bias"]
     w1 = w - lr * xs.T @ (xs @ w + b - ys) / len(ys)
@@ -97,11 +108,7 @@ def test_reference_inner_loss_is_ways_times_the_mean(ways, shots):
     probs = jax.nn.softmax(x @ w)
     reference_step = w - alpha * x.T @ (probs - jax.nn.one_hot(y, ways)) / shots
 
-    model = Model(
-        init=lambda key: w,
-        apply=lambda p, inputs: inputs @ p,
-        loss=cross_entropy_loss,
-        metrics=lambda out, labels: {},
-    )
-    ours = maml(model, inner_lr=ways * alpha).adapt(w, (x, y), 1)
+    model = stateless(lambda key: w, lambda p, inputs: inputs @ p)
+    learner = maml(supervised_objective(model, "classification"), inner_lr=ways * alpha)
+    ours = learner.adapt(w, (x, y), context(), 1)
     np.testing.assert_allclose(ours, reference_step, rtol=1e-5, atol=1e-6)

@@ -47,22 +47,3 @@ def test_straight_through_round_has_round_value_and_unit_gradient():
     np.testing.assert_array_equal(st_round(x), jnp.round(x))
     np.testing.assert_array_equal(jax.grad(lambda z: jnp.sum(st_round(z)))(x), jnp.ones(3))
     assert float(jax.grad(jnp.round)(1.7)) == 0.0  # the plain function would block gradients
-
-
-def test_td0_with_stop_gradient_target_is_semi_gradient():
-    # Linear value v(s) = w . phi(s). TD(0) loss 0.5 (r + gamma v(s') - v(s))^2 with the target
-    # held fixed gives the semi-gradient -(td_error) phi(s), not the full gradient.
-    phi_s, phi_next = jnp.array([1.0, 0.5]), jnp.array([0.2, 1.0])
-    w, reward, gamma = jnp.array([0.3, -0.4]), 1.0, 0.9
-
-    def td_loss(w, stop_target):
-        target = reward + gamma * (w @ phi_next)
-        if stop_target:
-            target = jax.lax.stop_gradient(target)
-        return 0.5 * (target - w @ phi_s) ** 2
-
-    td_error = reward + gamma * (w @ phi_next) - w @ phi_s
-    np.testing.assert_allclose(jax.grad(td_loss)(w, True), -td_error * phi_s, rtol=1e-6)
-    full = -td_error * (phi_s - gamma * phi_next)
-    np.testing.assert_allclose(jax.grad(td_loss)(w, False), full, rtol=1e-6)
-    assert not np.allclose(full, -td_error * phi_s)

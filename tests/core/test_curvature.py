@@ -33,14 +33,6 @@ def test_hessian_of_squared_norm_is_twice_identity():
     np.testing.assert_allclose(hessian(lambda x: x @ x)(jnp.arange(4.0)), 2 * np.eye(4))
 
 
-def test_chained_derivatives_of_cubic():
-    f = lambda x: x**3 + 2 * x**2 - 3 * x + 1  # noqa: E731
-    derivatives = [jax.grad(f)]
-    for _ in range(3):
-        derivatives.append(jax.grad(derivatives[-1]))
-    assert [float(d(1.0)) for d in derivatives] == [4.0, 10.0, 6.0, 0.0]
-
-
 def test_lanczos_finds_top_eigenvalue_of_known_matrix():
     rng = np.random.default_rng(0)
     q, _ = np.linalg.qr(rng.normal(size=(30, 30)))

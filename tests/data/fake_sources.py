@@ -179,3 +179,21 @@ def truncate(path: str, fraction: float = 0.5) -> None:
         data = f.read()
     with open(path, "wb") as f:
         f.write(data[: int(len(data) * fraction)])
+
+
+def unequal_classes(image_shape=(6, 6, 1)) -> dict[str, list[tuple[str, np.ndarray]]]:
+    """``{split: [(class name, uint8 [count, *image_shape])]}`` with classes of 3 to 11 images.
+
+    Pixel value = ``16 * class position in its split + example index`` (below 256).
+    """
+    sizes = {"train": [5, 11, 3, 8, 6, 9], "val": [4, 7, 3], "test": [10, 3, 6]}
+    return {
+        split: [
+            (
+                f"{split}_class{c}",
+                np.stack([np.full(image_shape, 16 * c + e, np.uint8) for e in range(n)]),
+            )
+            for c, n in enumerate(counts)
+        ]
+        for split, counts in sizes.items()
+    }

@@ -36,7 +36,11 @@ def test_cifarfs_splits(manual_dir, tmp_path):
     for split, count in {"train": 64, "val": 16, "test": 20}.items():
         pairs = split_json(f"cifarfs_{split}.json")
         assert len(pairs) == count
-        check(arrays[split], [fine.index(c) for _, c in pairs], [coarse.index(s) for s, _ in pairs])
+        check(
+            arrays[split].dense(),
+            [fine.index(c) for _, c in pairs],
+            [coarse.index(s) for s, _ in pairs],
+        )
     source = CifarFs(data_dir=str(tmp_path)).as_data_source("val")
     assert source[0]["class_name"].decode() == "/".join(split_json("cifarfs_val.json")[0])
 
@@ -53,7 +57,7 @@ def test_fc100_splits_by_superclass(manual_dir, tmp_path):
         superclasses = [coarse.index(s) for s in split_json(f"fc100_superclasses_{split}.json")]
         fine_ids = [i for s in superclasses for i, c in enumerate(fine) if coarse_of[c] == s]
         assert len(fine_ids) == count
-        check(arrays[split], fine_ids, [coarse_of[fine[i]] for i in fine_ids])
+        check(arrays[split].dense(), fine_ids, [coarse_of[fine[i]] for i in fine_ids])
 
 
 def test_task_distributions(manual_dir, tmp_path):
@@ -70,7 +74,7 @@ def test_extracted_folder_layout(manual_dir, tmp_path):
     arrays = load_split_arrays(
         CifarFs, data_dir=str(tmp_path / "tfds"), manual_dir=str(tmp_path / "manual")
     )
-    assert arrays["train"].shape == (64, 3, 32, 32, 3)
+    assert arrays["train"].dense().shape == (64, 3, 32, 32, 3)
 
 
 def test_online_path_downloads_the_python_archive(manual_dir, tmp_path, monkeypatch):
@@ -80,7 +84,7 @@ def test_online_path_downloads_the_python_archive(manual_dir, tmp_path, monkeypa
         "download",
         lambda self, url: manual_dir / "cifar-100-python.tar.gz",
     )
-    assert load_split_arrays(Fc100, data_dir=str(tmp_path))["val"].shape[0] == 20
+    assert load_split_arrays(Fc100, data_dir=str(tmp_path))["val"].num_classes == 20
 
 
 def test_truncated_archive(manual_dir, tmp_path):

@@ -1,15 +1,18 @@
-"""The on-device episode sampler: balance, disjointness, label shuffling, determinism."""
+"""The on-device episode sampler: balance, disjointness, label shuffling, determinism, and the
+exact episodes of the earlier dense-array sampler when all classes hold the same count."""
 
 from __future__ import annotations
 
 import collections
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from metalearn.data.episodes import episode_distribution, sample_episode
+from metalearn.data.class_split import ClassSplit
+from metalearn.data.episodes import episode_distribution, random_subset, sample_episode
 
 NUM_CLASSES, PER_CLASS = 30, 12
 
@@ -18,6 +21,22 @@ def tagged_images(num_classes=NUM_CLASSES, per_class=PER_CLASS) -> np.ndarray:
     """[classes, examples, 1, 1, 2] uint8 whose pixels are (class id, example id)."""
     c, e = np.meshgrid(np.arange(num_classes), np.arange(per_class), indexing="ij")
     return np.stack([c, e], -1).astype(np.uint8).reshape(num_classes, per_class, 1, 1, 2)
+
+
+def dense_reference_episode(images, key, *, ways, shots, num_queries):
+    """The sampler before the offsets/counts layout (commit fa979d2), on a dense array."""
+    num_classes, per_class = images.shape[:2]
+    k_classes, k_examples, k_labels = jax.random.split(key, 3)
+    classes = random_subset(k_classes, (), num_classes, ways)
+    examples = random_subset(k_examples, (ways,), per_class, shots + num_queries)
+    labels = jax.random.permutation(k_labels, ways).astype(jnp.int32)
+    x = images[classes[:, None], examples].astype(jnp.float32) / 255.0
+    y = jnp.broadcast_to(labels[:, None], (ways, shots + num_queries))
+    shape = images.shape[2:]
+    return (
+        (x[:, :shots].reshape(-1, *shape), y[:, :shots].reshape(-1)),
+        (x[:, shots:].reshape(-1, *shape), y[:, shots:].reshape(-1)),
+    )
 
 
 def ids(x: jax.Array) -> np.ndarray:
@@ -114,11 +133,38 @@ def test_deterministic_given_the_key_and_different_across_keys(tasks):
     jax.tree_util.tree_map(np.testing.assert_array_equal, a, jitted)
 
 
+def test_same_episodes_as_the_dense_sampler_for_equal_class_sizes():
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (40, 20, 3, 3, 1), dtype=np.uint8)  # Omniglot-like: 20 each
+    tasks = episode_distribution(
+        {s: images for s in ("train", "val", "test")}, ways=5, num_queries=15, dataset="dense"
+    )
+    for shots in (1, 5):
+        for seed in range(20):
+            key = jax.random.key(seed)
+            new = tasks.sample(tasks.splits["train"], key, shots)
+            old = dense_reference_episode(
+                jnp.asarray(images), key, ways=5, shots=shots, num_queries=15
+            )
+            jax.tree_util.tree_map(np.testing.assert_array_equal, tuple(new), old)
+
+
 def test_split_arrays_are_an_argument_not_a_constant(tasks):
     jaxpr = jax.make_jaxpr(lambda arrays, k: tasks.sample(arrays, k, 1))(
         tasks.splits["train"], jax.random.key(0)
     )
     assert not any(np.size(c) >= NUM_CLASSES * PER_CLASS for c in jaxpr.consts)
+
+
+def test_jitted_sampler_traces_once_across_keys_and_splits(tasks):
+    @jax.jit
+    @chex.assert_max_traces(n=1)
+    def sample(split, keys):
+        return jax.vmap(lambda k: tasks.sample(split, k, 2))(keys)
+
+    for seed in range(3):
+        for name in ("train", "val", "test"):  # same shapes: the arrays are arguments
+            sample(tasks.splits[name], jax.random.split(jax.random.key(seed), 4))
 
 
 def test_invalid_settings_name_the_config_key():
@@ -129,10 +175,10 @@ def test_invalid_settings_name_the_config_key():
         episode_distribution(arrays, ways=5, num_queries=0, dataset="tagged")
     with pytest.raises(ValueError, match=r"data.ways=31 exceeds the 30 classes"):
         episode_distribution(arrays, ways=31, num_queries=4, dataset="tagged")
-    with pytest.raises(ValueError, match=r"data.num_queries=12 leaves no support"):
+    with pytest.raises(ValueError, match=r"data.num_queries=12 leaves no support examples: class"):
         episode_distribution(arrays, ways=5, num_queries=12, dataset="tagged")
     tasks = episode_distribution(arrays, ways=5, num_queries=4, dataset="tagged")
-    with pytest.raises(ValueError, match=r"shots=9 \+ data.num_queries=4 exceeds the 12"):
+    with pytest.raises(ValueError, match=r"shots=9 \+ data.num_queries=4 exceeds the 12 images"):
         tasks.sample(tasks.splits["train"], jax.random.key(0), 9)
     with pytest.raises(ValueError, match=r"shots must be >= 1"):
         tasks.sample(tasks.splits["train"], jax.random.key(0), 0)
@@ -154,8 +200,11 @@ def test_rejects_ragged_or_mistyped_arrays():
             num_queries=2,
             dataset="tagged",
         )
-    with pytest.raises(ValueError, match="cannot draw"):
-        sample_episode(jnp.asarray(good), jax.random.key(0), ways=5, shots=10, num_queries=3)
+    split = ClassSplit.from_dense(good)
+    with pytest.raises(ValueError, match="cannot draw 31 classes from 30"):
+        sample_episode(split, jax.random.key(0), ways=31, shots=1, num_queries=3)
+    with pytest.raises(ValueError, match=r"shots=10 \+ data.num_queries=3 exceeds the 12 images"):
+        sample_episode(split, jax.random.key(0), ways=5, shots=10, num_queries=3)
 
 
 def test_train_ways_apply_to_training_episodes_only():
@@ -170,5 +219,12 @@ def test_train_ways_apply_to_training_episodes_only():
     for split in ("val", "test"):
         task = tasks.sample(tasks.splits[split], jax.random.key(1), 1)
         assert task.support[0].shape[0] == 5 and task.query[0].shape[0] == 10
+    # Variable shots: training episodes are padded to the training ways.
+    padded = tasks.sample(tasks.splits["train"], jax.random.key(2), (1, 3))
+    assert padded.support.inputs.shape[0] == 12 * 3 and padded.query.weights.shape == (24,)
     with pytest.raises(ValueError, match="train_ways=41 exceeds the 40 classes"):
         episode_distribution(arrays, ways=5, num_queries=2, dataset="tagged", train_ways=41)
+    with pytest.raises(ValueError, match="train_ways and data.ways_range cannot both be set"):
+        episode_distribution(
+            arrays, ways=5, num_queries=2, dataset="tagged", train_ways=12, ways_range=(2, 5)
+        )

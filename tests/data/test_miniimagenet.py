@@ -25,7 +25,7 @@ CLASSES = {"train": 64, "val": 16, "test": 20}
 
 def check_arrays(arrays, per_class=3):
     for split, count in CLASSES.items():
-        images = arrays[split]
+        images = arrays[split].dense()
         assert images.shape == (count, per_class, 84, 84, 3) and images.dtype == np.uint8
         expected = np.array([mini_value(c) for c in range(count)])
         centre = images[:, :, 42, 42, :].astype(int)  # JPEG keeps flat colours within a few
@@ -55,7 +55,7 @@ def test_task_distribution_and_duplicates_across_layouts(tmp_path):
     write_mini_ravi_zip(manual)
     write_mini_class_folders(manual)  # the same file names again: counted once
     tasks = miniimagenet(ways=5, num_queries=2, data_dir=str(tmp_path), manual_dir=manual)
-    assert {s: a["images"].shape[:2] for s, a in tasks.splits.items()} == {
+    assert {s: a.dense().shape[:2] for s, a in tasks.splits.items()} == {
         "train": (64, 3),
         "val": (16, 3),
         "test": (20, 3),

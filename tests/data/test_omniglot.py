@@ -40,7 +40,7 @@ def prepared(fake_dir, tmp_path_factory):
 def test_builder_keeps_the_split_classes_in_order_at_28x28(prepared):
     data_dir, arrays, order = prepared
     for split, count in CLASSES.items():
-        images = arrays[split]
+        images = arrays[split].dense()
         assert images.shape == (count, 3, 28, 28, 1) and images.dtype == np.uint8
         expected = np.array([[omniglot_value(c, e) for e in range(3)] for c in range(count)])
         np.testing.assert_array_equal(images[:, :, 14, 14, 0], expected)
@@ -57,16 +57,17 @@ def test_builder_keeps_the_split_classes_in_order_at_28x28(prepared):
 def test_task_distribution_inverts_and_rotates_into_classes(prepared):
     data_dir, arrays, _ = prepared
     tasks = omniglot(ways=5, num_queries=2, data_dir=data_dir)  # reuses the prepared data
-    sizes = {split: a["images"].shape[0] for split, a in tasks.splits.items()}
+    sizes = {split: a.num_classes for split, a in tasks.splits.items()}
     assert sizes == {"train": 4112, "val": 688, "test": 1692}
     assert tasks.input_shape == (28, 28, 1) and tasks.num_outputs == 5
-    train = np.asarray(tasks.splits["train"]["images"])
-    np.testing.assert_array_equal(train[:1028], 255 - arrays["train"])
-    np.testing.assert_array_equal(train[1028:2056], np.rot90(255 - arrays["train"], 1, (2, 3)))
+    train, source = tasks.splits["train"].dense(), arrays["train"].dense()
+    np.testing.assert_array_equal(train[:1028], 255 - source)
+    np.testing.assert_array_equal(train[1028:2056], np.rot90(255 - source, 1, (2, 3)))
+    np.testing.assert_array_equal(train[3084:], np.rot90(255 - source, 3, (2, 3)))
     task = tasks.sample(tasks.splits["test"], jax.random.key(0), 1)
     assert task.support[0].shape == (5, 28, 28, 1) and task.query[0].shape == (10, 28, 28, 1)
     only_two = omniglot(ways=5, num_queries=2, rotations=(0, 180), data_dir=data_dir)
-    assert only_two.splits["val"]["images"].shape[0] == 2 * 172
+    assert only_two.splits["val"].num_classes == 2 * 172
 
 
 def test_online_path_downloads_the_official_archives(fake_dir, tmp_path, monkeypatch):
@@ -80,7 +81,7 @@ def test_online_path_downloads_the_official_archives(fake_dir, tmp_path, monkeyp
     monkeypatch.setattr(sources, "resolve_host", lambda host: None)
     monkeypatch.setattr(tfds.download.DownloadManager, "download", download)
     arrays = load_split_arrays(OmniglotVinyals, data_dir=str(tmp_path))
-    assert arrays["test"].shape == (423, 3, 28, 28, 1)
+    assert arrays["test"].dense().shape == (423, 3, 28, 28, 1)
     assert sorted(asked[0].values()) == [
         "https://github.com/brendenlake/omniglot/raw/master/python/images_background.zip",
         "https://github.com/brendenlake/omniglot/raw/master/python/images_evaluation.zip",
@@ -203,13 +204,13 @@ def test_invalid_settings_name_the_config_key(prepared, kwargs, message):
 )
 def test_real_archives(tmp_path):
     tasks = omniglot(ways=20, num_queries=15, data_dir=str(tmp_path), manual_dir=str(REAL_DIR))
-    shapes = {split: a["images"].shape for split, a in tasks.splits.items()}
+    shapes = {split: a.dense().shape for split, a in tasks.splits.items()}
     assert shapes == {
         "train": (4112, 20, 28, 28, 1),
         "val": (688, 20, 28, 28, 1),
         "test": (1692, 20, 28, 28, 1),
     }
-    images = np.asarray(tasks.splits["train"]["images"][:1028])
+    images = tasks.splits["train"].dense()[:1028]
     ink = (images > 127).mean()
     assert 0.05 < ink < 0.3  # strokes on an empty (0) background after inversion
     task = tasks.sample(tasks.splits["train"], jax.random.key(0), 5)

@@ -68,7 +68,7 @@ def test_builds_on_tfds_mock_data(name, tmp_path):
     assert tasks.kind == "classification"
     rotations = 4 if name == "omniglot" else 1
     for split in ("train", "val", "test"):
-        images = tasks.splits[split]["images"]
+        images = tasks.splits[split].dense()
         assert images.shape == (CLASSES_PER_SPLIT * rotations, PER_CLASS, *shape)
     sample = jax.jit(tasks.sample, static_argnums=2)
     task = sample(tasks.splits["val"], jax.random.key(0), 2)

@@ -7,8 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from metalearn.data.task import supervised_objective
 from metalearn.models.base import model_from_flax
-from metalearn.models.conv4 import DOWNSAMPLING, BatchStatNorm, Conv4, conv4
+from metalearn.models.conv4 import DOWNSAMPLING, BatchStatNorm, Conv4, Conv4Config, conv4
 from metalearn.registry import MODELS
 
 
@@ -35,7 +36,7 @@ def block(cin: int, filters: int) -> int:
     ],
 )
 def test_shapes_and_parameter_count(kwargs, input_shape, ways, features):
-    net = conv4(ways, **kwargs)
+    net = conv4(ways, Conv4Config(**kwargs))
     variables = net.init(jax.random.key(0), jnp.zeros((1, *input_shape)))
     assert set(variables) == {"params"}  # nothing mutable: batch statistics are not stored
     params = variables["params"]
@@ -80,18 +81,25 @@ def test_an_example_output_depends_on_the_rest_of_the_batch():
 
 def test_registered_and_wraps_as_a_pure_model_with_head_and_embed():
     assert MODELS.entry("conv4").factory is conv4
-    model = model_from_flax(
-        conv4(5), (28, 28, 1), "classification", head=("head",), embed_method="embed"
-    )
-    params = model.init(jax.random.key(0))
+    parts = MODELS.entry("conv4").info["parts"]
+    assert (parts.head, parts.embed, parts.convolutional) == ("head", "embed", True)
+    model = model_from_flax(conv4(5), (28, 28, 1), parts)
+    assert model.is_convolutional and model.head == ("head",)
+    assert model.norm_paths == {f"norms_{i}/{p}" for i in range(4) for p in ("bias", "scale")}
+    params, state = model.init(jax.random.key(0))
+    assert state == {}  # batch statistics of the current batch: no running averages
+    objective = supervised_objective(model, "classification")
     x = jax.random.uniform(jax.random.key(1), (5, 28, 28, 1))
     y = jnp.arange(5)
-    grads = jax.grad(model.loss_fn)(params, (x, y))
+    grads = jax.grad(lambda p: objective.loss(p, state, None, (x, y))[0])(params)
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree_util.tree_leaves(grads))
-    assert model.embed(params, x).shape == (5, 64)
+    assert model.embed(params, state, None, x)[0].shape == (5, 64)
     # Jitted and eager agree (the module is a pure function of params).
     np.testing.assert_allclose(
-        jax.jit(model.apply)(params, x), model.apply(params, x), rtol=1e-5, atol=1e-5
+        jax.jit(model.apply)(params, state, None, x)[0],
+        model.apply(params, state, None, x)[0],
+        rtol=1e-5,
+        atol=1e-5,
     )
 
 
@@ -106,14 +114,17 @@ def test_registered_and_wraps_as_a_pure_model_with_head_and_embed():
 )
 def test_invalid_settings_name_the_config_key(kwargs, key):
     with pytest.raises(ValueError, match=key):
-        conv4(5, **kwargs)
+        conv4(5, Conv4Config(**kwargs))
 
 
 @pytest.mark.parametrize("downsample", DOWNSAMPLING)
 def test_im2col_and_xla_convolutions_compute_the_same_network(downsample):
     """Same parameter tree, same outputs, same meta-relevant gradients for either ``conv``."""
     x = jax.random.normal(jax.random.key(0), (6, 28, 28, 1))
-    nets = {c: conv4(5, filters=8, downsample=downsample, conv=c) for c in ("xla", "im2col")}
+    nets = {
+        c: conv4(5, Conv4Config(filters=8, downsample=downsample, conv=c))
+        for c in ("xla", "im2col")
+    }
     params = nets["xla"].init(jax.random.key(1), x)["params"]
     other = nets["im2col"].init(jax.random.key(1), x)["params"]
     assert jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(other)
@@ -145,11 +156,14 @@ def test_auto_convolution_is_im2col_on_cpu_and_xla_elsewhere(monkeypatch):
 
 def test_batch_norm_without_scale_has_offsets_only():
     # Finn et al.'s batch norm (tf.contrib.layers.batch_norm defaults): center=True, scale=False.
-    params = conv4(5, norm_scale=False).init(jax.random.key(0), jnp.zeros((1, 28, 28, 1)))
-    params = params["params"]
+    net = conv4(5, Conv4Config(norm_scale=False))
+    params = net.init(jax.random.key(0), jnp.zeros((1, 28, 28, 1)))["params"]
     for i in range(4):
         assert sorted(params[f"norms_{i}"]) == ["bias"]
     assert count(params) == 112_261 - 4 * 64  # the known total less the four scale vectors
+    # The wrapped model declares exactly the offsets as its normalisation parameters.
+    model = model_from_flax(net, (28, 28, 1), MODELS.entry("conv4").info["parts"])
+    assert model.norm_paths == {f"norms_{i}/bias" for i in range(4)}
     x = jax.random.normal(jax.random.key(1), (6, 3, 3, 4)) * 3.0 + 1.0
     bias = jnp.arange(4.0)
     y = BatchStatNorm(use_scale=False).apply({"params": {"bias": bias}}, x)

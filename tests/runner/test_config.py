@@ -19,7 +19,7 @@ def test_there_are_experiments():
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_composes_and_validates(experiment):
     cfg = to_objects(compose_config([f"+experiment={experiment}"]))
-    assert cfg.trainer.num_steps >= 1
+    assert cfg.trainer.meta_steps >= 1
     assert cfg.algorithm.name and cfg.model.name and cfg.data.name
 
 
@@ -30,9 +30,9 @@ def test_sinusoid_maml_is_the_papers_setup():
     assert cfg.data.input_range == [-5.0, 5.0]
     assert cfg.model.hidden_sizes == [40, 40] and cfg.model.activation == "relu"
     assert (cfg.trainer.shots, cfg.data.num_queries) == (10, 10)
-    assert (cfg.algorithm.inner_lr, cfg.algorithm.num_steps) == (0.01, 1)
+    assert (cfg.algorithm.inner_lr, cfg.algorithm.inner_steps) == (0.01, 1)
     assert not cfg.algorithm.first_order
-    assert (cfg.trainer.meta_batch_size, cfg.trainer.num_steps) == (25, 70_000)
+    assert (cfg.trainer.meta_batch_size, cfg.trainer.meta_steps) == (25, 70_000)
     assert (cfg.optimizer.name, cfg.optimizer.lr) == ("adam", 0.001)
     assert cfg.eval.num_tasks == 600 and cfg.eval.shots == [5, 10, 20]
 
@@ -41,7 +41,7 @@ def test_sinusoid_maml_is_the_papers_setup():
     "override, message",
     [
         ("optimizer.lr=-0.1", "optimizer.lr must be > 0"),
-        ("trainer.num_steps=0", "trainer.num_steps must be >= 1"),
+        ("trainer.meta_steps=0", "trainer.meta_steps must be >= 1"),
         ("trainer.task_batching=magic", "trainer.task_batching must be one of"),
         ("eval.steps=[-1]", "eval.steps must be >= 0"),
     ],
@@ -55,7 +55,7 @@ def test_bad_values_are_named(override, message):
     "override, message",
     [
         ("algorithm.inner_lr=-0.01", "algorithm.inner_lr must be > 0"),
-        ("algorithm.num_steps=0", "algorithm.num_steps must be"),
+        ("algorithm.inner_steps=0", "algorithm.inner_steps must be"),
     ],
 )
 def test_bad_algorithm_settings_fail_when_built(override, message):
@@ -112,21 +112,47 @@ def test_every_algorithm_composes_with_the_sinusoid_experiment(algorithm):
     assert cfg.algorithm.name == algorithm
 
 
-def test_an_algorithm_prescribed_schedule_reaches_the_optimizer():
+def test_the_recommended_schedule_reaches_the_optimizer():
+    """MAML++'s recommended cosine (conf/algorithm/mamlpp.yaml) is built by the one home of the
+    outer schedule, build_optimizer, from optimizer.*; warmup_steps is honoured with it."""
     import jax
     import jax.numpy as jnp
 
-    from metalearn.algorithms.base import algorithm_lr_schedule
+    from metalearn.runner.experiment import learning_rate
 
-    overrides = ["+experiment=sinusoid_maml", "algorithm=mamlpp", "trainer.num_steps=100"]
-    cfg = to_objects(compose_config(overrides))
-    exp = build_experiment(cfg)
-    params = {"w": jnp.zeros(3)}
-    grads = {"w": jnp.ones(3)}  # constant gradient: each Adam update is -lr(t) exactly
-    state = exp.optimizer.init(params)
-    update = jax.jit(exp.optimizer.update)
-    for _ in range(51):
-        updates, state = update(grads, state, params)
-    schedule = algorithm_lr_schedule(cfg.algorithm, cfg.optimizer.lr, 100)
-    assert float(schedule(50)) < 0.6 * cfg.optimizer.lr  # the cosine is well below the peak
-    assert float(-updates["w"][0]) == pytest.approx(float(schedule(50)), rel=1e-3)
+    overrides = ["+experiment=sinusoid_maml", "algorithm=mamlpp", "trainer.meta_steps=100"]
+    for extra in ([], ["optimizer.warmup_steps=20"]):
+        cfg = to_objects(compose_config(overrides + extra))
+        exp = build_experiment(cfg)
+        params = {"w": jnp.zeros(3)}
+        grads = {"w": jnp.ones(3)}  # constant gradient: each Adam update is -lr(t) exactly
+        state = exp.optimizer.init(params)
+        update = jax.jit(exp.optimizer.update)
+        for _ in range(51):
+            updates, state = update(grads, state, params)
+        schedule = learning_rate(cfg.optimizer, 100)
+        assert float(schedule(50)) < 0.75 * cfg.optimizer.lr  # the cosine is below the peak
+        assert float(-updates["w"][0]) == pytest.approx(float(schedule(50)), rel=1e-3)
+    assert float(schedule(0)) == 0.0  # the warm-up starts from zero
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("algorithm.num_steps=5", "algorithm.inner_steps"),
+        ("trainer.num_steps=5", "trainer.meta_steps"),
+        ("algorithm.meta_lr_schedule=cosine", "optimizer.schedule"),
+    ],
+)
+def test_renamed_keys_fail_naming_the_new_key(old, new):
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "metalearn.train", "+experiment=sinusoid_maml", old],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: {old.split('=')[0]} was renamed {new}"

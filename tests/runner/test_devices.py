@@ -17,7 +17,7 @@ TINY = [
     "+experiment=sinusoid_maml",
     "+debug=tiny",
     "trainer.meta_batch_size=4",
-    "trainer.num_steps=6",
+    "trainer.meta_steps=6",
     "trainer.steps_per_call=1",
 ]
 

@@ -1,6 +1,7 @@
 """Evaluation statistics on cases with known answers; fixed, disjoint evaluation tasks."""
 
 import math
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +41,10 @@ def test_nonfinite_tasks_are_counted_not_averaged():
         "nonfinite": 2,
     }
     assert summarize(np.array([np.nan, np.nan]))["mean"] is None
+
+
+REGRESSION = SimpleNamespace(primary_metric="mse", maximize=False)
+CLASSIFICATION = SimpleNamespace(primary_metric="accuracy", maximize=True)
 
 
 def fake_eval_step(meta_params, split_arrays, keys, shots):
@@ -102,9 +107,7 @@ def test_selection_prefers_lower_mse_and_never_a_diverged_model():
     def recs(mean, nonfinite=0):
         return [{"metric": "mse", "shots": 10, "steps": 10, "mean": mean, "nonfinite": nonfinite}]
 
-    assert selection_score(recs(0.2), "regression", 10) > selection_score(
-        recs(0.3), "regression", 10
-    )
-    assert selection_score(recs(0.1, nonfinite=1), "regression", 10) == -math.inf
+    assert selection_score(recs(0.2), REGRESSION, 10) > selection_score(recs(0.3), REGRESSION, 10)
+    assert selection_score(recs(0.1, nonfinite=1), REGRESSION, 10) == -math.inf
     acc = [{"metric": "accuracy", "shots": 1, "steps": 10, "mean": 0.9, "nonfinite": 0}]
-    assert selection_score(acc, "classification", 1) == 0.9
+    assert selection_score(acc, CLASSIFICATION, 1) == 0.9

@@ -44,7 +44,7 @@ def test_tiny_run_writes_every_output(tmp_path):
 
 def test_chunks_never_cross_a_boundary():
     cfg = tiny_config(
-        "trainer.num_steps=23",
+        "trainer.meta_steps=23",
         "trainer.steps_per_call=4",
         "trainer.log_every=5",
         "trainer.eval_every=0",
@@ -58,11 +58,11 @@ def test_chunks_never_cross_a_boundary():
 
 
 def test_resumed_run_reaches_the_same_parameters(tmp_path):
-    overrides = ["trainer.num_steps=12", "trainer.checkpoint_every=4", "trainer.eval_every=0"]
+    overrides = ["trainer.meta_steps=12", "trainer.checkpoint_every=4", "trainer.eval_every=0"]
     cfg = tiny_config(*overrides)
     train_and_evaluate(cfg, str(tmp_path / "straight"))
     # Interrupted after 8 steps (a shorter run), then resumed with the full config.
-    short = tiny_config(*overrides[1:], "trainer.num_steps=8")
+    short = tiny_config(*overrides[1:], "trainer.meta_steps=8")
     train_and_evaluate(short, str(tmp_path / "resumed"))
     assert CheckpointStore(str(tmp_path / "resumed" / "checkpoints"), 2).latest_step() == 8
     train_and_evaluate(cfg, str(tmp_path / "resumed"))
@@ -88,7 +88,7 @@ def test_signal_saves_a_usable_checkpoint_and_resume_matches(tmp_path, signum):
     run_dir = tmp_path / "run"
     overrides = [
         *TINY,
-        "trainer.num_steps=100000",
+        "trainer.meta_steps=100000",
         "trainer.steps_per_call=10",
         "trainer.log_every=10",
         "trainer.checkpoint_every=50000",
@@ -119,7 +119,7 @@ def test_signal_saves_a_usable_checkpoint_and_resume_matches(tmp_path, signum):
     # Finishing a few steps later from that checkpoint equals a straight run of the same length.
     target = stopped_at + 20
     finish = tiny_config(
-        "trainer.num_steps=" + str(target),
+        "trainer.meta_steps=" + str(target),
         "trainer.steps_per_call=10",
         "trainer.log_every=10",
         "trainer.checkpoint_every=50000",
@@ -147,7 +147,7 @@ def test_half_written_checkpoint_is_never_loaded(tmp_path):
 
 
 def test_nan_stops_with_a_clear_error_and_saves_nothing_non_finite(tmp_path):
-    cfg = tiny_config("optimizer.lr=1e30", "trainer.num_steps=8")
+    cfg = tiny_config("optimizer.lr=1e30", "trainer.meta_steps=8")
     with pytest.raises(NonFiniteError, match="non-finite .* at step") as err:
         train_and_evaluate(cfg, str(tmp_path))
     assert "optimizer.lr" in str(err.value)

@@ -1,13 +1,18 @@
 """The plot scripts produce PNGs from a real (tiny) run directory."""
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from metalearn.config import to_objects
 from metalearn.runner.loop import train_and_evaluate
 from tests.conftest import compose_config
+
+# The scripts import this checkout's metalearn, whatever else is installed.
+ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
 
 
 def test_learning_curves_and_figure2_from_a_run(tmp_path):
@@ -24,6 +29,7 @@ def test_learning_curves_and_figure2_from_a_run(tmp_path):
             capture_output=True,
             text=True,
             timeout=120,
+            env=ENV,
         )
         assert result.returncode == 0, result.stderr
         assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -32,5 +38,6 @@ def test_learning_curves_and_figure2_from_a_run(tmp_path):
         capture_output=True,
         text=True,
         timeout=60,
+        env=ENV,
     )
     assert missing.returncode == 2 and "not found" in missing.stderr
