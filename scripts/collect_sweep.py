@@ -3,8 +3,9 @@
     python scripts/collect_sweep.py multirun/sinusoid_maml/2026-11-21_10-00-00 [--csv out.csv]
 
 Each run directory's overrides (from ``.hydra/overrides.yaml``) become columns, then one row per
-evaluation record (metric, ways, shots, steps, mean, ci95, tasks). Run directories without an
-``eval.json`` (unfinished or failed runs) are listed at the end, not silently dropped.
+evaluation record (metric, ways, shots, steps, mean, ci95, median, diverged, nonfinite, tasks).
+Run directories without an ``eval.json`` (unfinished or failed runs) are listed at the end, not
+silently dropped.
 """
 
 from __future__ import annotations
@@ -17,7 +18,19 @@ from pathlib import Path
 
 import yaml
 
-RECORD_COLUMNS = ["metric", "ways", "shots", "steps", "mean", "ci95", "nonfinite", "tasks"]
+RECORD_COLUMNS = [
+    "metric",
+    "ways",
+    "shots",
+    "steps",
+    "mean",
+    "ci95",
+    "median",
+    "diverged",
+    "nonfinite",
+    "tasks",
+]
+NOT_SHOWN = {"run", "median_ci95"}  # the median's interval stays in eval.json
 
 
 def run_overrides(run_dir: Path) -> dict[str, str]:
@@ -58,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         print(f"error: no eval.json under {args.sweep_dir}", file=sys.stderr)
         return 1
-    override_keys = sorted({k for r in rows for k in r} - set(RECORD_COLUMNS) - {"run"})
+    override_keys = sorted({k for r in rows for k in r} - set(RECORD_COLUMNS) - NOT_SHOWN)
     columns = ["run", *override_keys, *[c for c in RECORD_COLUMNS if any(c in r for r in rows)]]
     widths = {c: max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns}
     print("  ".join(c.ljust(widths[c]) for c in columns))

@@ -37,6 +37,12 @@ maximum ways and shots, and each half is a :class:`WeightedBatch` ``(inputs, lab
 - The model's head has ``max_ways`` outputs (``num_outputs``); absent classes are never labels,
   and the supervised objective masks their logits to ``-inf``.
 - With a fixed number, ``ways_range=(5, 5)`` and ``shots=(1, 1)`` give all-ones weights.
+
+From the command line, the image datasets' ``data.ways_range`` and ``data.shots_range`` keys
+(``null`` by default: fixed episodes); the runner's shots are the padded maximum::
+
+    python -m metalearn.train +experiment=omniglot_5w1s data.ways_range=[2,5] \
+        data.shots_range=[1,5] trainer.shots=5 eval.shots=[5]
 """
 
 from __future__ import annotations

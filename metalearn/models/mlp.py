@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -12,6 +12,26 @@ from metalearn.models.base import ModelParts
 from metalearn.registry import MODELS
 
 ACTIVATIONS = {"relu": nn.relu, "tanh": nn.tanh, "gelu": nn.gelu}
+# Weight initialisers by name; biases always start at zero. "truncated_normal" is Finn et al.'s
+# reference code (cbfinn/maml, maml.py construct_fc_weights: tf.truncated_normal(stddev=0.01),
+# cut at two standard deviations, as jax.nn.initializers.truncated_normal is); "lecun_normal" is
+# Flax's default for nn.Dense.
+KERNEL_INITS = ("lecun_normal", "truncated_normal")
+
+
+def kernel_initializer(name: str, std: float) -> Callable:
+    """The weight initialiser called ``name`` (``std`` is used by ``truncated_normal`` only).
+
+    >>> import jax
+    >>> w = kernel_initializer("truncated_normal", 0.01)(jax.random.key(0), (40, 40))
+    >>> bool(abs(w).max() <= 0.02), round(float(w.std()), 3)
+    (True, 0.009)
+    """
+    if name == "lecun_normal":
+        return nn.initializers.lecun_normal()
+    if name == "truncated_normal":
+        return nn.initializers.truncated_normal(stddev=std)
+    raise ValueError(f"model.kernel_init must be one of {list(KERNEL_INITS)}, got {name!r}")
 
 
 class MLP(nn.Module):
@@ -26,10 +46,13 @@ class MLP(nn.Module):
     hidden_sizes: Sequence[int]
     num_outputs: int
     activation: str = "relu"
+    kernel_init: str = "lecun_normal"
+    kernel_std: float = 0.01
 
     def setup(self):
-        self.hidden = [nn.Dense(width) for width in self.hidden_sizes]
-        self.head = nn.Dense(self.num_outputs)
+        init = kernel_initializer(self.kernel_init, self.kernel_std)
+        self.hidden = [nn.Dense(width, kernel_init=init) for width in self.hidden_sizes]
+        self.head = nn.Dense(self.num_outputs, kernel_init=init)
 
     def embed(self, x: jax.Array) -> jax.Array:
         for layer in self.hidden:
@@ -45,6 +68,8 @@ class MLPConfig:
     name: str = "mlp"
     hidden_sizes: tuple[int, ...] = (40, 40)
     activation: str = "relu"
+    kernel_init: str = "lecun_normal"
+    kernel_std: float = 0.01
 
 
 @MODELS.register("mlp", MLPConfig, parts=ModelParts(head="head", embed="embed"))
@@ -53,6 +78,8 @@ def mlp(num_outputs: int, config: MLPConfig | None = None) -> MLP:
 
     >>> mlp(1).hidden_sizes
     (40, 40)
+    >>> mlp(1, MLPConfig(kernel_init="truncated_normal")).kernel_init
+    'truncated_normal'
     """
     c = config or MLPConfig()
     if c.activation not in ACTIVATIONS:
@@ -61,4 +88,11 @@ def mlp(num_outputs: int, config: MLPConfig | None = None) -> MLP:
         )
     if not c.hidden_sizes or any(int(w) < 1 for w in c.hidden_sizes):
         raise ValueError(f"model.hidden_sizes must be positive widths, got {list(c.hidden_sizes)}")
-    return MLP(tuple(int(w) for w in c.hidden_sizes), num_outputs, c.activation)
+    if c.kernel_init not in KERNEL_INITS:
+        raise ValueError(
+            f"model.kernel_init must be one of {list(KERNEL_INITS)}, got {c.kernel_init!r}"
+        )
+    if not c.kernel_std > 0:
+        raise ValueError(f"model.kernel_std must be > 0, got {c.kernel_std}")
+    widths = tuple(int(w) for w in c.hidden_sizes)
+    return MLP(widths, num_outputs, c.activation, c.kernel_init, float(c.kernel_std))

@@ -33,18 +33,75 @@ def mean_and_ci95(values: Sequence[float] | np.ndarray) -> tuple[float, float]:
     return float(values.mean()), float(1.96 * values.std(ddof=1) / math.sqrt(values.size))
 
 
-def summarize(values: np.ndarray) -> dict:
-    """``mean`` and ``ci95`` over the finite per-task values, and how many were not finite.
+# A task has diverged when its value is not finite or, for the objective's primary metric when
+# the objective minimises it (a loss, whatever its name), when it exceeds DIVERGENCE_FACTOR times
+# the larger of its own loss before adaptation (0 inner steps) and the median over tasks of that
+# loss (so a nearly flat task, a sinusoid of amplitude 0.1, whose loss goes from 0.01 to 0.3, is
+# not called diverged).
+DIVERGENCE_FACTOR = 10.0
 
-    A task whose inner loop diverges (an infinite or NaN loss) is counted in ``nonfinite``
-    rather than turning the mean into NaN; a non-zero count is always worth a look.
+
+def median_and_ci95(values: np.ndarray) -> tuple[float, float, float]:
+    """Median and a distribution-free 95% interval for it, from order statistics.
+
+    The bounds are the sorted values at (1-based) ranks ``floor(n/2 - 1.96 sqrt(n)/2)`` and
+    ``ceil(1 + n/2 + 1.96 sqrt(n)/2)`` (the normal approximation of the binomial): valid
+    whatever the distribution, heavy tails included.
+    Non-finite entries sort where they fall (``+inf`` last); the caller maps NaN to the worst end.
+
+    >>> median_and_ci95(np.arange(1.0, 101.0))
+    (50.5, 40.0, 61.0)
     """
+    ordered = np.sort(np.asarray(values, dtype=np.float64))
+    n = ordered.size
+    half = 1.96 * math.sqrt(n) / 2
+    lo = max(int(math.floor(n / 2 - half)), 1)
+    hi = min(int(math.ceil(n / 2 + half)) + 1, n)
+    return float(np.median(ordered)), float(ordered[lo - 1]), float(ordered[hi - 1])
+
+
+def _finite_or_none(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+def summarize(
+    values: np.ndarray, before: np.ndarray | None = None, *, lower_is_better: bool = True
+) -> dict:
+    """Mean and ci95 over the finite per-task values; the median over all; divergence counts.
+
+    ``nonfinite`` counts the tasks whose value is infinite or NaN (left out of the mean).
+    ``diverged`` counts those and, for a loss (``lower_is_better``) when ``before`` (the same
+    tasks' values before adaptation) is given, the finite blow-ups above ``DIVERGENCE_FACTOR``
+    times ``max(before, median(before))``. ``median`` and ``median_ci95`` are over ALL tasks, a
+    non-finite one counted as the worst value, so a few blow-ups cannot move them; a bound that
+    falls on a non-finite task is ``None``.
+
+    >>> r = summarize(np.array([1.0, 2.0, 3.0, 4.0, np.inf, np.nan, 1e20]), before=np.full(7, 5.0))
+    >>> r["nonfinite"], r["diverged"], r["median"]
+    (2, 3, 4.0)
+    """
+    values = np.asarray(values, dtype=np.float64)
     finite = np.isfinite(values)
     nonfinite = int(values.size - finite.sum())
+    blown = ~finite
+    if before is not None and lower_is_better:
+        before = np.asarray(before, dtype=np.float64)
+        finite_before = before[np.isfinite(before)]
+        floor = np.median(finite_before) if finite_before.size else np.inf
+        with np.errstate(invalid="ignore"):
+            blown |= finite & (values > DIVERGENCE_FACTOR * np.maximum(before, floor))
+    worst = np.inf if lower_is_better else -np.inf
+    median, lo, hi = median_and_ci95(np.where(np.isnan(values), worst, values))
+    record = {
+        "median": _finite_or_none(median),
+        "median_ci95": [_finite_or_none(lo), _finite_or_none(hi)],
+        "nonfinite": nonfinite,
+        "diverged": int(blown.sum()),
+    }
     if nonfinite == values.size:
-        return {"mean": None, "ci95": None, "nonfinite": nonfinite}
+        return {"mean": None, "ci95": None, **record}
     mean, ci95 = mean_and_ci95(values[finite])
-    return {"mean": mean, "ci95": None if math.isnan(ci95) else ci95, "nonfinite": nonfinite}
+    return {"mean": mean, "ci95": None if math.isnan(ci95) else ci95, **record}
 
 
 def evaluation_keys(seed: int, split: str, shots: int, num_tasks: int) -> jax.Array:
@@ -65,12 +122,19 @@ def evaluate_split(
     num_tasks: int,
     tasks_per_call: int,
     ways: int | None,
+    objective: Any,
 ) -> list[dict]:
     """Evaluate on ``num_tasks`` fixed tasks per shot count; one record per (metric, shots, steps).
 
     Records look like ``{"metric": "mse", "shots": 5, "steps": 10, "mean": ..., "ci95": ...,
-    "tasks": 600}``, with ``"ways"`` added for classification.
+    "median": ..., "median_ci95": [lo, hi], "nonfinite": 0, "diverged": 0, "tasks": 600}``
+    (see :func:`summarize`), with ``"ways"`` added when ``ways`` is given. ``objective`` (any
+    object with ``primary_metric`` and ``maximize``, e.g. :class:`metalearn.data.task.Objective`)
+    says which metric is a loss: its primary metric when it is minimised. That metric's column
+    at 0 steps (when ``steps`` has 0) is the loss before adaptation that finite blow-ups are
+    measured against; for every other metric only non-finite tasks count as diverged.
     """
+    loss_metric = None if objective.maximize else objective.primary_metric
     records = []
     for shots in shots_list:
         keys = evaluation_keys(seed, split, shots, num_tasks)
@@ -89,17 +153,24 @@ def evaluate_split(
             for name in chunks[0]
         }
         for name, values in sorted(per_task.items()):
+            before = None
+            if name == loss_metric and 0 in steps:
+                before = values[:, list(steps).index(0)]
+            maximized = name == objective.primary_metric and objective.maximize
             for column, num_steps in enumerate(steps):
                 record = {"metric": name, "shots": int(shots), "steps": int(num_steps)}
                 if ways is not None:
                     record["ways"] = int(ways)
-                record.update(summarize(values[:, column]), tasks=int(num_tasks))
-                if record["nonfinite"]:
+                summary = summarize(values[:, column], before, lower_is_better=not maximized)
+                record.update(summary, tasks=int(num_tasks))
+                if record["diverged"]:
                     log.warning(
-                        "%s: %d of %d tasks non-finite (%s, %d shots, %d steps)",
+                        "%s: %d of %d tasks diverged, %d of them non-finite (%s, %d shots, "
+                        "%d steps)",
                         split,
-                        record["nonfinite"],
+                        record["diverged"],
                         num_tasks,
+                        record["nonfinite"],
                         name,
                         shots,
                         num_steps,
@@ -121,15 +192,28 @@ def selection_score(records: list[dict], objective: Any, shots: int) -> float:
 
 
 def format_record(record: dict) -> str:
-    """One line for a log or a table, e.g. ``mse shots=5 steps=10: 0.3512 ± 0.0301``."""
+    """One line for a log or a table: mean ± ci95, the median and its interval, divergence.
+
+    >>> print(format_record({"metric": "mse", "shots": 5, "steps": 10, "mean": 0.35,
+    ...     "ci95": 0.03, "median": 0.21, "median_ci95": [0.19, 0.23], "nonfinite": 1,
+    ...     "diverged": 2, "tasks": 600}))
+    mse shots=5 steps=10: 0.3500 ± 0.0300, median 0.2100 [0.1900, 0.2300] (2 of 600 tasks diverged, 1 non-finite)
+    """  # noqa: E501
     ways = f"ways={record['ways']} " if "ways" in record else ""
     head = f"{record['metric']} {ways}shots={record['shots']} steps={record['steps']}"
     if record["mean"] is None:
         return f"{head}: all {record['tasks']} tasks non-finite"
     ci = f" ± {record['ci95']:.4f}" if record["ci95"] is not None else ""
-    tail = (
-        f" ({record['nonfinite']} of {record['tasks']} tasks non-finite)"
-        if record["nonfinite"]
-        else ""
-    )
-    return f"{head}: {record['mean']:.4f}{ci}{tail}"
+    median = ""
+    if record.get("median") is not None:
+        bounds = ", ".join(
+            "n/a" if b is None else f"{b:.4f}" for b in record.get("median_ci95", [None, None])
+        )
+        median = f", median {record['median']:.4f} [{bounds}]"
+    diverged = record.get("diverged", record["nonfinite"])
+    tail = ""
+    if diverged:
+        tail = (
+            f" ({diverged} of {record['tasks']} tasks diverged, {record['nonfinite']} non-finite)"
+        )
+    return f"{head}: {record['mean']:.4f}{ci}{median}{tail}"

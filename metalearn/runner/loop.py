@@ -108,6 +108,7 @@ class Runner:
             num_tasks=num_tasks,
             tasks_per_call=min(e.tasks_per_call, num_tasks),
             ways=self.exp.tasks.ways,
+            objective=self.exp.objective,
         )
 
     def save(self, state, best_score: float) -> None:

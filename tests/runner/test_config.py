@@ -29,8 +29,11 @@ def test_sinusoid_maml_is_the_papers_setup():
     assert cfg.data.phase_range == pytest.approx([0.0, 3.14159265])
     assert cfg.data.input_range == [-5.0, 5.0]
     assert cfg.model.hidden_sizes == [40, 40] and cfg.model.activation == "relu"
+    # cbfinn/maml: tf.truncated_normal(stddev=0.01) weights (maml.py), update_lr 1e-3 (main.py).
+    assert (cfg.model.kernel_init, cfg.model.kernel_std) == ("truncated_normal", 0.01)
     assert (cfg.trainer.shots, cfg.data.num_queries) == (10, 10)
-    assert (cfg.algorithm.inner_lr, cfg.algorithm.inner_steps) == (0.01, 1)
+    assert cfg.algorithm.name == "maml"
+    assert (cfg.algorithm.inner_lr, cfg.algorithm.inner_steps) == (0.001, 1)
     assert not cfg.algorithm.first_order
     assert (cfg.trainer.meta_batch_size, cfg.trainer.meta_steps) == (25, 70_000)
     assert (cfg.optimizer.name, cfg.optimizer.lr) == ("adam", 0.001)

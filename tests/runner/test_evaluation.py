@@ -11,10 +11,15 @@ import pytest
 from metalearn.runner.evaluation import (
     evaluate_split,
     evaluation_keys,
+    format_record,
     mean_and_ci95,
+    median_and_ci95,
     selection_score,
     summarize,
 )
+
+REGRESSION = SimpleNamespace(primary_metric="mse", maximize=False)
+CLASSIFICATION = SimpleNamespace(primary_metric="accuracy", maximize=True)
 
 
 def test_mean_and_ci95_known_answer():
@@ -38,13 +43,59 @@ def test_nonfinite_tasks_are_counted_not_averaged():
     assert record == {
         "mean": 2.0,
         "ci95": pytest.approx(1.96 * math.sqrt(2) / math.sqrt(2)),
+        "median": None,  # two of four tasks blew up: the median is a blow-up too
+        "median_ci95": [1.0, None],
         "nonfinite": 2,
+        "diverged": 2,
     }
     assert summarize(np.array([np.nan, np.nan]))["mean"] is None
 
 
-REGRESSION = SimpleNamespace(primary_metric="mse", maximize=False)
-CLASSIFICATION = SimpleNamespace(primary_metric="accuracy", maximize=True)
+def test_inf_nan_and_finite_blow_up_are_counted_and_the_median_ignores_them():
+    # 10 tasks: 7 well adapted, one inf, one NaN and one finite blow-up to 1e20.
+    values = np.array([0.3, 0.1, 0.5, 0.2, np.inf, 0.4, np.nan, 0.6, 1e20, 0.7])
+    before = np.full(10, 3.0)
+    record = summarize(values, before)
+    assert record["nonfinite"] == 2 and record["diverged"] == 3
+    # Median over all 10, the two non-finite ones counted as worst: sorted
+    # [0.1 .. 0.7, 1e20, inf, inf] -> (0.5 + 0.6) / 2.
+    assert record["median"] == pytest.approx(0.55)
+    # Distribution-free interval: ranks floor(5 - 3.1) = 1 and ceil(1 + 5 + 3.1) = 10.
+    assert record["median_ci95"] == [pytest.approx(0.1), None]
+    # The mean is over finite values, so the 1e20 task dominates it: why the median is there.
+    assert record["mean"] == pytest.approx((2.8 + 1e20) / 8)
+    # A nearly flat task (before 0.01 -> after 0.3) is not a blow-up: the threshold is 10 x
+    # max(its own loss before, the median loss before).
+    small = summarize(np.array([0.3, 0.2, 0.2]), np.array([0.01, 3.0, 3.0]))
+    assert small["diverged"] == 0 and small["nonfinite"] == 0
+    assert summarize(np.array([31.0, 0.2, 0.2]), np.array([0.01, 3.0, 3.0]))["diverged"] == 1
+    # Without the values before adaptation only non-finite tasks count; accuracy never blows up.
+    assert summarize(values)["diverged"] == 2
+    accuracy = summarize(
+        np.array([0.9, np.nan, 0.8]), np.array([0.2, 0.2, 0.2]), lower_is_better=False
+    )
+    assert accuracy["diverged"] == 1 and accuracy["median"] == pytest.approx(0.8)
+
+
+def test_median_ci95_covers_the_true_median_about_95_percent_of_the_time():
+    rng = np.random.default_rng(1)
+    covered = 0
+    for _ in range(1000):  # a heavy-tailed distribution with median 0
+        _, lo, hi = median_and_ci95(rng.standard_cauchy(600))
+        covered += lo <= 0.0 <= hi
+    assert 0.93 <= covered / 1000 <= 0.975
+
+
+def test_format_record_shows_median_and_divergence():
+    record = {"metric": "mse", "shots": 5, "steps": 10, "tasks": 600}
+    record.update(summarize(np.array([0.3, 0.1, 1e20, np.inf]), np.full(4, 3.0)))
+    line = format_record(record)
+    assert "median" in line and "(2 of 600 tasks diverged, 1 non-finite)" in line
+    clean = {"metric": "mse", "shots": 5, "steps": 1, "tasks": 3}
+    clean.update(summarize(np.array([0.3, 0.1, 0.2]), np.full(3, 3.0)))
+    assert format_record(clean) == (
+        "mse shots=5 steps=1: 0.2000 ± 0.1132, median 0.2000 [0.1000, 0.3000]"
+    )
 
 
 def fake_eval_step(meta_params, split_arrays, keys, shots):
@@ -65,6 +116,7 @@ def test_evaluate_split_records_equal_a_direct_computation():
         num_tasks=25,
         tasks_per_call=10,
         ways=None,
+        objective=REGRESSION,
     )
     assert [(r["shots"], r["steps"]) for r in records] == [(5, 0), (5, 3), (10, 0), (10, 3)]
     for r in records:
@@ -76,6 +128,8 @@ def test_evaluate_split_records_equal_a_direct_computation():
         assert r["mean"] == pytest.approx(mean, rel=1e-6)
         assert r["ci95"] == pytest.approx(ci95, rel=1e-5)
         assert r["tasks"] == 25 and r["nonfinite"] == 0 and "ways" not in r
+        assert r["median"] == pytest.approx(float(np.median(want)), rel=1e-6)
+        assert r["diverged"] == 0
     with_ways = evaluate_split(
         fake_eval_step,
         None,
@@ -87,6 +141,7 @@ def test_evaluate_split_records_equal_a_direct_computation():
         num_tasks=4,
         tasks_per_call=4,
         ways=5,
+        objective=REGRESSION,
     )
     assert all(r["ways"] == 5 for r in with_ways)
 
@@ -111,3 +166,35 @@ def test_selection_prefers_lower_mse_and_never_a_diverged_model():
     assert selection_score(recs(0.1, nonfinite=1), REGRESSION, 10) == -math.inf
     acc = [{"metric": "accuracy", "shots": 1, "steps": 10, "mean": 0.9, "nonfinite": 0}]
     assert selection_score(acc, CLASSIFICATION, 1) == 0.9
+
+
+def test_evaluate_split_counts_a_finite_blow_up_against_the_step_zero_column():
+    # The objective's loss is called "nll" here: the rule follows the objective, not a name.
+    def blowing_up(meta_params, split_arrays, keys, shots):
+        before = jnp.full(keys.shape[0], 3.0)
+        after = jnp.full(keys.shape[0], 0.2).at[0].set(1e20)  # the first task blows up
+        return {"nll": jnp.stack([before, after], axis=1), "other": jnp.stack([before, after], 1)}
+
+    def run(objective):
+        return evaluate_split(
+            blowing_up,
+            None,
+            None,
+            split="test",
+            seed=0,
+            shots_list=[5],
+            steps=[0, 10],
+            num_tasks=6,
+            tasks_per_call=6,
+            ways=None,
+            objective=objective,
+        )
+
+    records = run(SimpleNamespace(primary_metric="nll", maximize=False))
+    got = [(r["metric"], r["steps"], r["nonfinite"], r["diverged"]) for r in records]
+    # Only the objective's loss is measured against its loss before adaptation.
+    assert got == [("nll", 0, 0, 0), ("nll", 10, 0, 1), ("other", 0, 0, 0), ("other", 10, 0, 0)]
+    assert records[1]["median"] == pytest.approx(0.2)
+    # An objective that maximises its primary metric declares no loss: only non-finite counts.
+    maximized = run(SimpleNamespace(primary_metric="nll", maximize=True))
+    assert all(r["diverged"] == 0 for r in maximized)

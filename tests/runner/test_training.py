@@ -36,7 +36,18 @@ def test_tiny_run_writes_every_output(tmp_path):
         (s, k) for s in (5, 10, 20) for k in (0, 1)
     }
     for r in records:
-        assert set(r) == {"metric", "shots", "steps", "mean", "ci95", "tasks", "nonfinite"}
+        assert set(r) == {
+            "metric",
+            "shots",
+            "steps",
+            "mean",
+            "ci95",
+            "median",
+            "median_ci95",
+            "tasks",
+            "nonfinite",
+            "diverged",
+        }
         assert r["metric"] == "mse" and r["tasks"] == 4
     assert os.listdir(tmp_path / "tensorboard")
     assert CheckpointStore(str(tmp_path / "checkpoints"), 2).latest_step() == 4
@@ -193,6 +204,8 @@ def test_multirun_sweep_and_gather(tmp_path):
     assert "algorithm.inner_lr" in table.stdout and "seed" in table.stdout
     rows = (tmp_path / "t.csv").read_text().splitlines()
     assert len(rows) == 1 + 4 * 6  # header, then 4 runs x 3 shots x 2 step counts
+    header = rows[0].split(",")
+    assert {"median", "diverged"} <= set(header) and "median_ci95" not in header
 
 
 def test_no_host_to_device_copy_per_meta_step(tmp_path):
