@@ -29,6 +29,8 @@ def tiny_overrides(experiment: str, data_dir: str) -> list[str]:
             overrides.append("algorithm.inner_steps=1")
     if composed.data.name in IMAGE_SHAPES:
         overrides.append(f"data.data_dir={data_dir}")
+    if composed.data.get("train_ways"):
+        overrides.append("data.train_ways=10")  # more ways than tests, within the mock classes
     return overrides
 
 
@@ -56,6 +58,7 @@ def test_tiny_version_of_every_experiment_runs(experiment, tmp_path):
     else:
         summary = train_and_evaluate(cfg, str(workdir))
     assert summary["step"] == cfg.trainer.meta_steps and not summary["interrupted"]
+    assert summary["wall_seconds"] > summary["train_seconds"] > 0  # data and evaluation too
     records = json.loads((workdir / "eval.json").read_text())
     assert records and all(r["tasks"] == cfg.eval.num_tasks for r in records)
     if cfg.data.name in IMAGE_SHAPES:

@@ -195,6 +195,61 @@ def split_top_level(params: PyTree, names: Sequence[str]) -> tuple[dict, dict]:
     return selected, rest
 
 
+# --- which parameters the inner loop adapts --------------------------------------------------
+# The one home of this choice: algorithms ask ``inner_rates`` for their inner step sizes. The
+# normalisation parameters are those the model declares (``Model.norm_paths``, found by layer
+# type; see :func:`declared_norm_paths`), never guessed from names. maml, fomaml and meta_sgd
+# take ``adapt_norm``; ANIL adapts the head only and MAML++ holds its per-step normalisation
+# copies fixed (``per_step_norm``), so neither adapts normalisation parameters; Reptile adapts
+# everything, since its meta-update is the adapted difference: a parameter held fixed in its
+# inner loop would never be meta-learned.
+
+
+def declared_norm_paths(objective: Objective) -> frozenset[str]:
+    """The parameter paths (``"norms_0/bias"``) of the objective's model's normalisation layers;
+    empty when the objective has no model (a bare loss)."""
+    return objective.model.norm_paths if objective.model is not None else frozenset()
+
+
+def inner_loop_mask(
+    params: PyTree, norm_paths: frozenset[str], *, adapt_norm: bool = True
+) -> PyTree:
+    """A pytree of bools shaped like ``params``: True where the inner loop adapts the leaf.
+
+    With ``adapt_norm=False`` the normalisation parameters (``norm_paths``, as the model
+    declares them) are held fixed in the inner loop (they are still meta-learned by the outer
+    loop), as in Finn et al.'s code, where batch norm's offsets are variables outside the
+    adapted ``weights`` dict.
+
+    >>> params = {"convs_0": {"kernel": 1.0}, "norms_0": {"bias": 0.0}, "head": {"bias": 0.0}}
+    >>> inner_loop_mask(params, frozenset({"norms_0/bias"}), adapt_norm=False)
+    {'convs_0': {'kernel': True}, 'head': {'bias': True}, 'norms_0': {'bias': False}}
+    """
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: adapt_norm or path_name(path) not in norm_paths, params
+    )
+
+
+def inner_rates(
+    params: PyTree, inner_lr: float | PyTree, norm_paths: frozenset[str], *, adapt_norm=True
+):
+    """Inner step sizes for ``params``: ``inner_lr`` where :func:`inner_loop_mask` adapts, 0 else.
+
+    ``inner_lr`` is a scalar or a pytree like ``params`` (Meta-SGD's learned rates). With
+    ``adapt_norm=True`` it is returned unchanged (every parameter adapts).
+
+    >>> params = {"norms_0": {"bias": 1.0}, "head": {"kernel": 1.0}}
+    >>> inner_rates(params, 0.4, frozenset({"norms_0/bias"}), adapt_norm=False)
+    {'head': {'kernel': 0.4}, 'norms_0': {'bias': 0.0}}
+    """
+    if adapt_norm:
+        return inner_lr
+    mask = inner_loop_mask(params, norm_paths, adapt_norm=adapt_norm)
+    if jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(inner_lr)):
+        return jax.tree_util.tree_map(lambda m: inner_lr if m else 0.0, mask)
+    return jax.tree_util.tree_map(lambda lr, m: lr if m else jnp.zeros_like(lr), inner_lr, mask)
+
+
 # --- evaluation ------------------------------------------------------------------------------
 
 

@@ -8,8 +8,10 @@ from metalearn.algorithms.base import (
     MetaLearner,
     check_count,
     check_inner_loop_settings,
+    declared_norm_paths,
     evaluate_trajectory,
     inner_loss,
+    inner_rates,
     sgd_trajectory_fn,
     value_and_grad_of_query,
     with_config,
@@ -27,6 +29,7 @@ class MAMLConfig:
     first_order: bool = False
     remat: bool = False  # rematerialise each inner step in the backward pass (jax.checkpoint)
     unroll: int | None = None  # None: core.adapt's default; k: a lax.scan, k steps per iteration
+    adapt_norm: bool = True  # False: normalisation parameters are meta-learned, not adapted
 
 
 @dataclasses.dataclass
@@ -41,6 +44,9 @@ def maml(objective: Objective, config: MAMLConfig | None = None, **overrides) ->
 
     The meta-parameters are the model parameters. ``first_order=True`` is FOMAML. Settings
     come from ``config`` (default :class:`MAMLConfig`) with ``overrides`` applied.
+    ``adapt_norm=False`` holds the model's normalisation parameters fixed in the inner loop (they
+    are meta-learned only), as Finn et al.'s code does with batch norm
+    (:func:`metalearn.algorithms.base.inner_loop_mask`).
 
     >>> import jax, jax.numpy as jnp
     >>> from metalearn.algorithms.base import context
@@ -63,6 +69,10 @@ def maml(objective: Objective, config: MAMLConfig | None = None, **overrides) ->
     check_inner_loop_settings(c.inner_lr, c.inner_steps)
     if c.unroll is not None:
         check_count("unroll", c.unroll)
+    norm_paths = declared_norm_paths(objective)
+
+    def rates(params):
+        return inner_rates(params, c.inner_lr, norm_paths, adapt_norm=c.adapt_norm)
 
     def init(key, model_params):
         del key
@@ -73,7 +83,7 @@ def maml(objective: Objective, config: MAMLConfig | None = None, **overrides) ->
             inner_loss(objective, ctx),
             params,
             support,
-            inner_lr=c.inner_lr,
+            inner_lr=rates(params),
             num_steps=steps,
             first_order=c.first_order,
             remat=c.remat,
@@ -85,7 +95,7 @@ def maml(objective: Objective, config: MAMLConfig | None = None, **overrides) ->
         return value_and_grad_of_query(objective, adapted, task, ctx)(params)
 
     def evaluate(params, task: Task, ctx, steps):
-        trajectory = sgd_trajectory_fn(objective, params, c.inner_lr, ctx)
+        trajectory = sgd_trajectory_fn(objective, params, rates(params), ctx)
         return evaluate_trajectory(objective, trajectory, task, ctx, steps)
 
     return MetaLearner(init, task_grad, evaluate, adapt_params)

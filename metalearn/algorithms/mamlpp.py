@@ -43,6 +43,7 @@ from metalearn.algorithms.base import (
     MetaLearner,
     check_fraction,
     check_inner_loop_settings,
+    declared_norm_paths,
     inner_loss,
     named_leaves,
     path_name,
@@ -129,7 +130,7 @@ def mamlpp(objective: Objective, config: MAMLPPConfig | None = None, **overrides
     check_inner_loop_settings(c.inner_lr, num_steps)
     check_fraction("msl_fraction", c.msl_fraction)
     check_fraction("first_order_fraction", c.first_order_fraction)
-    declared_norms = objective.model.norm_paths if objective.model is not None else frozenset()
+    declared_norms = declared_norm_paths(objective)
 
     def norm_names(params) -> list[str]:
         if not c.per_step_norm:

@@ -16,8 +16,10 @@ import jax.numpy as jnp
 from metalearn.algorithms.base import (
     MetaLearner,
     check_inner_loop_settings,
+    declared_norm_paths,
     evaluate_trajectory,
     inner_loss,
+    inner_rates,
     sgd_trajectory_fn,
     value_and_grad_of_query,
     with_config,
@@ -33,6 +35,7 @@ class MetaSGDConfig:
     inner_lr: float = 0.01
     inner_steps: int = 1
     first_order: bool = False
+    adapt_norm: bool = True  # False: normalisation parameters are meta-learned, not adapted
 
 
 @ALGORITHMS.register("meta_sgd", MetaSGDConfig)
@@ -41,7 +44,8 @@ def meta_sgd(objective: Objective, config: MetaSGDConfig | None = None, **overri
 
     ``alpha`` starts at ``inner_lr`` for every parameter entry. ``first_order=True`` stops
     gradients through the inner gradients; the rates still get a gradient (through the update
-    ``-alpha * grad``).
+    ``-alpha * grad``). ``adapt_norm=False`` zeroes the rates of the model's normalisation
+    parameters (they are meta-learned only; :func:`metalearn.algorithms.base.inner_loop_mask`).
 
     >>> import jax, jax.numpy as jnp
     >>> from metalearn.algorithms.base import context
@@ -69,12 +73,19 @@ def meta_sgd(objective: Objective, config: MetaSGDConfig | None = None, **overri
         rates = jax.tree_util.tree_map(lambda p: jnp.full_like(p, c.inner_lr), model_params)
         return {"params": model_params, "inner_lr": rates}
 
+    norm_paths = declared_norm_paths(objective)
+
+    def rates(meta_params):
+        return inner_rates(
+            meta_params["params"], meta_params["inner_lr"], norm_paths, adapt_norm=c.adapt_norm
+        )
+
     def adapt_params(meta_params, support, ctx, steps=c.inner_steps):
         return adapt(
             inner_loss(objective, ctx),
             meta_params["params"],
             support,
-            inner_lr=meta_params["inner_lr"],
+            inner_lr=rates(meta_params),
             num_steps=steps,
             first_order=c.first_order,
         )
@@ -84,9 +95,7 @@ def meta_sgd(objective: Objective, config: MetaSGDConfig | None = None, **overri
         return value_and_grad_of_query(objective, adapted, task, ctx)(meta_params)
 
     def evaluate(meta_params, task: Task, ctx, steps):
-        trajectory = sgd_trajectory_fn(
-            objective, meta_params["params"], meta_params["inner_lr"], ctx
-        )
+        trajectory = sgd_trajectory_fn(objective, meta_params["params"], rates(meta_params), ctx)
         return evaluate_trajectory(objective, trajectory, task, ctx, steps)
 
     return MetaLearner(init, task_grad, evaluate, adapt_params)

@@ -47,6 +47,7 @@ From the command line, the image datasets' ``data.ways_range`` and ``data.shots_
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Mapping
 
@@ -207,6 +208,18 @@ def _is_range(value, low: int) -> bool:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class WaysSplit:
+    """A split whose episodes have their own number of ways (static): the training split with
+    ``data.train_ways``. A pytree whose leaves are those of ``classes``."""
+
+    classes: ClassSplit
+    ways: int
+
+
+jax.tree_util.register_dataclass(WaysSplit, data_fields=["classes"], meta_fields=["ways"])
+
+
 def as_class_split(images, dataset: str, split: str) -> ClassSplit:
     """A :class:`ClassSplit` as is, or one from a dense ``[classes, examples, H, W, C]`` array."""
     if isinstance(images, ClassSplit):
@@ -228,6 +241,7 @@ def episode_distribution(
     dataset: str,
     ways_range: tuple[int, int] | None = None,
     shots_range: tuple[int, int] | None = None,
+    train_ways: int | None = None,
 ) -> TaskDistribution:
     """A classification :class:`TaskDistribution` over per-split :class:`ClassSplit` layouts
     (or dense uint8 ``[classes, examples, H, W, C]`` arrays, all classes of equal size).
@@ -240,7 +254,12 @@ def episode_distribution(
     variable; the ``shots`` the runner passes (``trainer.shots``, ``eval.shots``) must then be
     ``hi``, the padded size the episodes are recorded under, and anything else is refused.
     The supervised objective scores a padded episode over its real examples only
-    (:func:`metalearn.data.task.supervised_loss_and_metrics`).
+    (:func:`metalearn.data.task.supervised_loss_and_metrics`). ``train_ways`` (the
+    ``data.train_ways`` key; default: ``ways``) sets the ways of training episodes alone, e.g.
+    Prototypical Networks' 60-way training for 5-way tests; validation and test episodes keep
+    ``ways``, and the model gets ``max(ways, train_ways)`` outputs. The training split is then a
+    :class:`WaysSplit` (its static ``ways`` tells the sampler). It takes fixed ways only: with
+    ``ways_range`` it is refused.
 
     >>> arrays = {s: np.zeros((8, 20, 28, 28, 1), np.uint8) for s in ("train", "val", "test")}
     >>> tasks = episode_distribution(arrays, ways=5, num_queries=15, dataset="demo")
@@ -255,6 +274,10 @@ def episode_distribution(
     >>> task = tasks.sample(tasks.splits["val"], jax.random.key(0), 3)
     >>> tasks.num_outputs, task.support.weights.shape, task.query.labels.shape
     (5, (15,), (75,))
+    >>> tasks = episode_distribution(arrays, ways=5, num_queries=2, dataset="demo", train_ways=8)
+    >>> train = tasks.sample(tasks.splits["train"], jax.random.key(0), 1)
+    >>> tasks.num_outputs, tasks.ways, train.support[0].shape[0]
+    (8, 5, 8)
     """
     check_episode_settings(ways, num_queries, ways_range)
     if shots_range is not None and not _is_range(shots_range, 1):
@@ -264,13 +287,22 @@ def episode_distribution(
     missing = {"train", "val", "test"} - set(split_images)
     if missing:
         raise ValueError(f"{dataset}: no arrays for split(s) {sorted(missing)}")
+    if train_ways is not None and ways_range is not None:
+        raise ValueError(
+            "data.train_ways and data.ways_range cannot both be set: train_ways fixes the ways "
+            "of training episodes; drop one of them"
+        )
+    train_ways = ways if train_ways is None else train_ways
+    check_episode_settings(train_ways, num_queries)
     splits = {name: as_class_split(a, dataset, name) for name, a in split_images.items()}
     max_ways = ways if ways_range is None else ways_range[1]
-    key_name = "data.ways" if ways_range is None else "data.ways_range"
     for name, split in splits.items():
-        if split.num_classes < max_ways:
+        needed, key_name = max_ways, "data.ways" if ways_range is None else "data.ways_range"
+        if name == "train" and train_ways != ways:
+            needed, key_name = train_ways, "data.train_ways"
+        if split.num_classes < needed:
             raise ValueError(
-                f"{key_name}={max_ways} exceeds the {split.num_classes} classes of the "
+                f"{key_name}={needed} exceeds the {split.num_classes} classes of the "
                 f"{dataset} {name} split"
             )
         if split.min_count <= num_queries:
@@ -282,8 +314,11 @@ def episode_distribution(
     if len(image_shapes) != 1:
         raise ValueError(f"{dataset}: splits differ in image shape {sorted(image_shapes)}")
 
-    def sample(split: ClassSplit, key: jax.Array, shots: Shots) -> Task:
+    def sample(split: ClassSplit | WaysSplit, key: jax.Array, shots: Shots) -> Task:
         shots = _static_shots(shots)
+        n = ways
+        if isinstance(split, WaysSplit):
+            n, split = split.ways, split.classes
         if shots_range is not None:
             if shots not in (shots_range[1], tuple(shots_range)):
                 raise ValueError(
@@ -294,20 +329,23 @@ def episode_distribution(
             shots = tuple(shots_range)
         try:
             if isinstance(shots, int) and ways_range is None:
-                return sample_episode(split, key, ways=ways, shots=shots, num_queries=num_queries)
+                return sample_episode(split, key, ways=n, shots=shots, num_queries=num_queries)
             shot_range = (shots, shots) if isinstance(shots, int) else shots
-            way_range = (ways, ways) if ways_range is None else tuple(ways_range)
+            way_range = (n, n) if ways_range is None else tuple(ways_range)
             return sample_variable_episode(
                 split, key, ways=way_range, shots=shot_range, num_queries=num_queries
             )
         except ValueError as err:
             raise ValueError(f"{dataset}: {err}") from None
 
+    placed: dict[str, ClassSplit | WaysSplit] = dict(splits)
+    if train_ways != ways:
+        placed["train"] = WaysSplit(splits["train"], train_ways)
     return TaskDistribution(
-        splits={name: jax.device_put(split) for name, split in splits.items()},
+        splits={name: jax.device_put(split) for name, split in placed.items()},
         sample=sample,
         input_shape=image_shapes.pop(),
-        num_outputs=max_ways,
+        num_outputs=max(max_ways, train_ways),
         kind="classification",
         ways=max_ways,
     )

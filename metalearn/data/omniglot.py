@@ -138,6 +138,7 @@ class OmniglotConfig:
     ways_range: list[int] | None = None  # [lo, hi]: variable ways, padded to hi
     shots_range: list[int] | None = None  # [lo, hi]: variable shots; trainer/eval shots = hi
     rotations: tuple[int, ...] = (0, 90, 180, 270)
+    train_ways: int | None = None  # ways of training episodes; None: ways (see episodes.py)
     data_dir: str | None = None  # TFDS data dir; None: $TFDS_DATA_DIR or ~/tensorflow_datasets
     manual_dir: str | None = None  # holds images_background.zip, images_evaluation.zip
 
@@ -150,6 +151,7 @@ def omniglot(
     ways_range: list[int] | None = None,
     shots_range: list[int] | None = None,
     rotations: tuple[int, ...] = (0, 90, 180, 270),
+    train_ways: int | None = None,
     data_dir: str | None = None,
     manual_dir: str | None = None,
 ) -> TaskDistribution:
@@ -183,4 +185,5 @@ def omniglot(
         dataset="omniglot",
         ways_range=ways_range,
         shots_range=shots_range,
+        train_ways=train_ways,
     )

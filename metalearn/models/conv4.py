@@ -17,7 +17,9 @@ Batch normalisation uses the statistics of the current batch, always (as in the 
 its code, where the support and query sets are normalised with their own statistics): no
 running averages and no mutable collections, so the module has only a ``params`` collection and
 the wrapped :class:`metalearn.models.base.Model` stays a pure function of its parameters. Its
-scale and bias are learnable parameters. Inputs are NHWC (JAX's fast layout on CPU and GPU).
+bias (offset) is a learnable parameter, and so is its scale unless ``norm_scale=False``: Finn et
+al.'s code uses ``tf.contrib.layers.batch_norm`` with its defaults (``center=True``,
+``scale=False``), an offset and no scale. Inputs are NHWC (JAX's fast layout on CPU and GPU).
 Convolutions use Glorot-uniform initialisation (Finn et al.'s ``xavier_initializer``), biases
 zero.
 
@@ -60,7 +62,8 @@ def resolve_conv(conv: str) -> str:
 
 
 class BatchStatNorm(nn.Module):
-    """Batch normalisation with the current batch's statistics; learnable ``scale`` and ``bias``.
+    """Batch normalisation with the current batch's statistics; a learnable ``bias`` and, with
+    ``use_scale`` (the default), a learnable ``scale``.
 
     Normalises over every axis but the last (channels). No running averages are kept.
 
@@ -72,16 +75,19 @@ class BatchStatNorm(nn.Module):
     """
 
     epsilon: float = 1e-3  # TensorFlow's batch_norm default, as in Finn et al.'s code
+    use_scale: bool = True
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         channels = x.shape[-1]
-        scale = self.param("scale", nn.initializers.ones, (channels,))
         bias = self.param("bias", nn.initializers.zeros, (channels,))
         axes = tuple(range(x.ndim - 1))
         mean = jnp.mean(x, axis=axes)
         var = jnp.mean(jnp.square(x - mean), axis=axes)
-        return (x - mean) * (jax.lax.rsqrt(var + self.epsilon) * scale) + bias
+        inv = jax.lax.rsqrt(var + self.epsilon)
+        if self.use_scale:
+            inv = inv * self.param("scale", nn.initializers.ones, (channels,))
+        return (x - mean) * inv + bias
 
 
 class Conv4(nn.Module):
@@ -102,6 +108,7 @@ class Conv4(nn.Module):
     downsample: str = "stride"
     readout: str = "mean"
     conv: str = "auto"  # auto | xla | im2col (see the module docstring)
+    norm_scale: bool = True  # False: batch norm with an offset only (Finn et al.'s code)
 
     def setup(self):
         stride = 2 if self.downsample == "stride" else 1
@@ -111,7 +118,7 @@ class Conv4(nn.Module):
             layer(self.filters, (3, 3), strides=stride, padding="SAME", kernel_init=init)
             for _ in range(4)
         ]
-        self.norms = [BatchStatNorm() for _ in range(4)]
+        self.norms = [BatchStatNorm(use_scale=self.norm_scale) for _ in range(4)]
         self.head = nn.Dense(self.num_outputs)
 
     def embed(self, x: jax.Array) -> jax.Array:
@@ -135,6 +142,7 @@ class Conv4Config:
     downsample: str = "stride"  # stride (Omniglot) | maxpool (miniImageNet)
     readout: str = "mean"  # mean (Omniglot in Finn et al.'s code) | flatten (miniImageNet)
     conv: str = "auto"  # auto (im2col on CPU, xla elsewhere) | xla | im2col
+    norm_scale: bool = True  # False: batch norm offsets only, as in Finn et al.'s code
 
 
 CONV4_PARTS = ModelParts(
@@ -148,6 +156,11 @@ def conv4(num_outputs: int, config: Conv4Config | None = None) -> Conv4:
 
     >>> conv4(5, Conv4Config(filters=32, downsample="maxpool", readout="flatten")).filters
     32
+    >>> import jax, jax.numpy as jnp
+    >>> offsets_only = conv4(5, Conv4Config(norm_scale=False))
+    >>> params = offsets_only.init(jax.random.key(0), jnp.zeros((1, 28, 28, 1)))
+    >>> sorted(params["params"]["norms_0"])
+    ['bias']
     """
     c = config or Conv4Config()
     if c.downsample not in DOWNSAMPLING:
@@ -157,4 +170,6 @@ def conv4(num_outputs: int, config: Conv4Config | None = None) -> Conv4:
     if int(c.filters) < 1:
         raise ValueError(f"model.filters must be >= 1, got {c.filters}")
     resolve_conv(c.conv)  # validates
-    return Conv4(int(num_outputs), int(c.filters), c.downsample, c.readout, c.conv)
+    return Conv4(
+        int(num_outputs), int(c.filters), c.downsample, c.readout, c.conv, bool(c.norm_scale)
+    )

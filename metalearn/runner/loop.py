@@ -179,12 +179,13 @@ def train_and_evaluate(cfg: Config, workdir: str) -> dict:
     and ``summary.json``. Returns the summary; ``summary["interrupted"]`` is true when a signal
     stopped the run (a checkpoint was saved first).
     """
+    started = time.perf_counter()  # before the data are loaded (and prepared, on a first run)
     prepare_run_directory(cfg, workdir)
     with StopRequest() as stop:
         try:
             runner = Runner(cfg, workdir)
             try:
-                return _train(runner, stop)
+                return _train(runner, stop, started)
             finally:
                 runner.close()
         except Interrupted as err:
@@ -224,7 +225,7 @@ def _restore(runner: Runner):
     return state, best_score
 
 
-def _train(runner: Runner, stop: StopRequest) -> dict:
+def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
     cfg, t = runner.cfg, runner.cfg.trainer
     stop.phase = "the restore of the checkpoint"
     state, best_score = _restore(runner)
@@ -287,6 +288,8 @@ def _train(runner: Runner, stop: StopRequest) -> dict:
         "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
         "best_val_score": _json_float(best_score),
         "eval": records,
+        # data loading or preparation, compilation, training and evaluation, all together
+        "wall_seconds": time.perf_counter() - started,
     }
     _write_json(runner.workdir, "summary.json", summary)
     return summary

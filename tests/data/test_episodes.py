@@ -205,3 +205,26 @@ def test_rejects_ragged_or_mistyped_arrays():
         sample_episode(split, jax.random.key(0), ways=31, shots=1, num_queries=3)
     with pytest.raises(ValueError, match=r"shots=10 \+ data.num_queries=3 exceeds the 12 images"):
         sample_episode(split, jax.random.key(0), ways=5, shots=10, num_queries=3)
+
+
+def test_train_ways_apply_to_training_episodes_only():
+    # Prototypical Networks train on more ways than they are tested on (60 vs 5 on Omniglot).
+    arrays = {split: tagged_images(40) for split in ("train", "val", "test")}
+    tasks = episode_distribution(arrays, ways=5, num_queries=2, dataset="tagged", train_ways=12)
+    assert tasks.num_outputs == 12 and tasks.ways == 5
+    train = jax.jit(lambda a, k: tasks.sample(a, k, 1))(tasks.splits["train"], jax.random.key(0))
+    assert train.support[0].shape[0] == 12 and train.query[0].shape[0] == 24
+    assert sorted(np.asarray(train.support[1]).tolist()) == list(range(12))
+    assert len({c for c, _ in ids(train.support[0])}) == 12  # 12 distinct classes
+    for split in ("val", "test"):
+        task = tasks.sample(tasks.splits[split], jax.random.key(1), 1)
+        assert task.support[0].shape[0] == 5 and task.query[0].shape[0] == 10
+    # Variable shots: training episodes are padded to the training ways.
+    padded = tasks.sample(tasks.splits["train"], jax.random.key(2), (1, 3))
+    assert padded.support.inputs.shape[0] == 12 * 3 and padded.query.weights.shape == (24,)
+    with pytest.raises(ValueError, match="train_ways=41 exceeds the 40 classes"):
+        episode_distribution(arrays, ways=5, num_queries=2, dataset="tagged", train_ways=41)
+    with pytest.raises(ValueError, match="train_ways and data.ways_range cannot both be set"):
+        episode_distribution(
+            arrays, ways=5, num_queries=2, dataset="tagged", train_ways=12, ways_range=(2, 5)
+        )

@@ -152,3 +152,20 @@ def test_auto_convolution_is_im2col_on_cpu_and_xla_elsewhere(monkeypatch):
     assert module.resolve_conv("auto") == "xla"
     monkeypatch.setattr(module.jax, "default_backend", lambda: "cpu")
     assert module.resolve_conv("auto") == "im2col"
+
+
+def test_batch_norm_without_scale_has_offsets_only():
+    # Finn et al.'s batch norm (tf.contrib.layers.batch_norm defaults): center=True, scale=False.
+    net = conv4(5, Conv4Config(norm_scale=False))
+    params = net.init(jax.random.key(0), jnp.zeros((1, 28, 28, 1)))["params"]
+    for i in range(4):
+        assert sorted(params[f"norms_{i}"]) == ["bias"]
+    assert count(params) == 112_261 - 4 * 64  # the known total less the four scale vectors
+    # The wrapped model declares exactly the offsets as its normalisation parameters.
+    model = model_from_flax(net, (28, 28, 1), MODELS.entry("conv4").info["parts"])
+    assert model.norm_paths == {f"norms_{i}/bias" for i in range(4)}
+    x = jax.random.normal(jax.random.key(1), (6, 3, 3, 4)) * 3.0 + 1.0
+    bias = jnp.arange(4.0)
+    y = BatchStatNorm(use_scale=False).apply({"params": {"bias": bias}}, x)
+    mean, var = x.mean((0, 1, 2)), x.var((0, 1, 2))
+    np.testing.assert_allclose(y, (x - mean) / jnp.sqrt(var + 1e-3) + bias, rtol=1e-5, atol=1e-5)
