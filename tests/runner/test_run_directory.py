@@ -84,7 +84,7 @@ def test_rerun_with_another_config_is_refused_before_anything_is_written(run_cop
         train(run_copy, "seed=5", "algorithm.inner_lr=0.02"),
         "different config",
         "seed 0 -> 5",
-        "algorithm.inner_lr 0.01 -> 0.02",
+        "algorithm.inner_lr 0.001 -> 0.02",
         "trainer.allow_changes=[algorithm.inner_lr,seed]",
     )
     assert "Nothing was changed" in line
