@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import checkout_env
+from tests.cli import checkout_env, run_cli, run_script
 
 TINY = ["+experiment=sinusoid_maml", "+debug=tiny"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,21 +83,8 @@ def test_signal_anywhere_says_what_was_saved_and_resumes(tmp_path, signum, marke
 
 def test_sweep_runs_every_job_and_summarises_failures(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "metalearn.train",
-            "-m",
-            *TINY,
-            "optimizer.lr=0.001,-1,1e30,0.002",
-            f"hydra.sweep.dir={sweep_dir}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-        env=checkout_env(),
+    result = run_cli(
+        "-m", *TINY, "optimizer.lr=0.001,-1,1e30,0.002", f"hydra.sweep.dir={sweep_dir}"
     )
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
@@ -115,14 +102,7 @@ def test_sweep_runs_every_job_and_summarises_failures(tmp_path):
     assert f"{jobs[2].name}: failed (exit 2): error: non-finite" in summary
     # collect_sweep lists the failed jobs and an unreadable eval.json instead of crashing.
     (jobs[3] / "eval.json").write_text('[{"metric": "mse", "me')
-    table = subprocess.run(
-        [sys.executable, "scripts/collect_sweep.py", str(sweep_dir)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        env=checkout_env(),
-    )
+    table = run_script("collect_sweep.py", str(sweep_dir), timeout=120)
     assert table.returncode == 0, table.stderr
     assert f"{jobs[3]}: unreadable eval.json" in table.stdout
     assert f"{jobs[1]}: failed: error: optimizer.lr must be > 0" in table.stdout

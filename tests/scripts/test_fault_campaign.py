@@ -4,33 +4,21 @@ The full campaign (20 kills, 10 corruptions) is ``python scripts/fault_campaign.
 """
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from tests.cli import checkout_env
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.cli import run_script
 
 
 @pytest.mark.slow
 def test_small_fault_campaign_ends_identical(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "scripts/fault_campaign.py",
-            "--kills=2",
-            "--corruptions=2",
-            "--seed=1",
-            f"--workdir={tmp_path}",
-        ],
-        capture_output=True,
-        text=True,
+    result = run_script(
+        "fault_campaign.py",
+        "--kills=2",
+        "--corruptions=2",
+        "--seed=1",
+        f"--workdir={tmp_path}",
         timeout=1800,
-        cwd=ROOT,
-        env=checkout_env(),
     )
     assert result.returncode == 0, result.stdout + result.stderr
     results = json.loads((tmp_path / "results.json").read_text())
@@ -39,13 +27,6 @@ def test_small_fault_campaign_ends_identical(tmp_path):
 
 
 def test_bad_counts_are_refused():
-    result = subprocess.run(
-        [sys.executable, "scripts/fault_campaign.py", "--kills=-1"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        env=checkout_env(),
-    )
+    result = run_script("fault_campaign.py", "--kills=-1", timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip() == "error: --kills and --corruptions must be >= 0"
