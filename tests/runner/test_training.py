@@ -16,7 +16,7 @@ from metalearn.config import to_objects
 from metalearn.runner.checkpoints import CheckpointStore
 from metalearn.runner.experiment import build_experiment
 from metalearn.runner.loop import NonFiniteError, chunk_length, train_and_evaluate
-from tests.cli import REPO, checkout_env
+from tests.cli import checkout_env, run_cli, run_script
 from tests.conftest import compose_config, restore_latest_state
 
 TINY = ["+experiment=sinusoid_maml", "+debug=tiny"]
@@ -173,38 +173,19 @@ def test_nan_stops_with_a_clear_error_and_saves_nothing_non_finite(tmp_path):
 
 def test_multirun_sweep_and_gather(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "metalearn.train",
-            "-m",
-            *TINY,
-            "algorithm.inner_lr=0.003,0.01",
-            "seed=0,1",
-            f"hydra.sweep.dir={sweep_dir}",
-        ],
-        capture_output=True,
-        text=True,
+    result = run_cli(
+        "-m",
+        *TINY,
+        "algorithm.inner_lr=0.003,0.01",
+        "seed=0,1",
+        f"hydra.sweep.dir={sweep_dir}",
         timeout=300,
-        env=checkout_env(),
     )
     assert result.returncode == 0, result.stdout + result.stderr
     runs = sorted(p for p in sweep_dir.iterdir() if p.is_dir())
     assert len(runs) == 4 and all((p / "eval.json").exists() for p in runs)
-    table = subprocess.run(
-        [
-            sys.executable,
-            "scripts/collect_sweep.py",
-            str(sweep_dir),
-            "--csv",
-            str(tmp_path / "t.csv"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-        env=checkout_env(),
+    table = run_script(
+        "collect_sweep.py", str(sweep_dir), "--csv", str(tmp_path / "t.csv"), timeout=60
     )
     assert table.returncode == 0, table.stderr
     assert "algorithm.inner_lr" in table.stdout and "seed" in table.stdout
@@ -232,29 +213,16 @@ def test_saved_checkpoint_is_evaluated_on_its_own(tmp_path):
     train_and_evaluate(tiny_config(), str(tmp_path))
     # The run directory gets the resolved config.yaml from the CLI; write it as the CLI does.
     OmegaConf.save(compose_config(TINY), tmp_path / "config.yaml")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "metalearn.evaluate",
-            str(tmp_path),
-            "--which",
-            "latest",
-            "eval.num_tasks=6",
-        ],
-        capture_output=True,
-        text=True,
+    result = run_cli(
+        str(tmp_path),
+        "--which",
+        "latest",
+        "eval.num_tasks=6",
+        module="metalearn.evaluate",
         timeout=180,
-        env=checkout_env(),
     )
     assert result.returncode == 0, result.stdout + result.stderr
     records = json.loads((tmp_path / "eval_latest.json").read_text())
     assert {r["tasks"] for r in records} == {6} and len(records) == 3 * 2
-    missing = subprocess.run(
-        [sys.executable, "-m", "metalearn.evaluate", str(tmp_path / "nope")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=checkout_env(),
-    )
+    missing = run_cli(str(tmp_path / "nope"), module="metalearn.evaluate", timeout=60)
     assert missing.returncode != 0 and "not found" in missing.stderr
