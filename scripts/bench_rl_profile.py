@@ -3,7 +3,8 @@
 Each part of :func:`metalearn.rl.maml_rl.make_meta_iteration` is jitted on its own from the
 library's functions and timed (median of 3 calls after one warm-up): sampling every task's
 rollouts and inner step (``collect_task_batch`` under ``vmap``), the meta-gradient, one
-Fisher-vector product of the mean post-update KL, the whole CG solve, one line-search
+Fisher-vector product of the mean post-update KL (as ``metalearn.hvp`` of the KL through the
+inner step, and in the Gauss-Newton form the iteration uses), the whole CG solve, one line-search
 evaluation (surrogate and KL at a candidate), and the whole TRPO step.
 """
 
@@ -18,7 +19,7 @@ import jax.numpy as jnp
 
 from metalearn.core.curvature import cg_solve
 from metalearn.rl.envs import NAV2D
-from metalearn.rl.estimators import collect_task_batch, meta_surrogate, post_kl
+from metalearn.rl.estimators import collect_task_batch, meta_surrogate, post_kl, post_kl_fisher
 from metalearn.rl.policy import policy_apply
 from metalearn.rl.trpo import fisher_vector_product, trpo_step
 
@@ -58,27 +59,32 @@ def profile_metalearn(params: Any, key: jax.Array, cfg) -> dict[str, float]:
     def grad(params, batch):
         return jax.grad(objectives(batch)[0])(params)
 
-    def fvp(params, batch, v):
+    def fvp_hvp(params, batch, v):  # metalearn.hvp of the KL, through the inner step
         return fisher_vector_product(objectives(batch)[1], params, v, cfg.trpo.damping)
 
+    def fvp_gn(params, batch, v):  # J^T F J, what make_meta_iteration uses
+        return post_kl_fisher(policy_apply, params, batch, inner, est)(v)
+
     def cg(params, batch, g):
-        return cg_solve(
-            lambda v: fvp(params, batch, v), g, max_iters=cfg.trpo.cg_iters, tol=1e-10
-        ).x
+        fisher = post_kl_fisher(policy_apply, params, batch, inner, est)
+        matvec = lambda v: jax.tree.map(lambda h, x: h + cfg.trpo.damping * x, fisher(v), v)  # noqa: E731
+        return cg_solve(matvec, g, max_iters=cfg.trpo.cg_iters, tol=1e-10).x
 
     def evaluate(params, batch):
         surrogate, kl = objectives(batch)
         return surrogate(params), kl(params)
 
     def step(params, batch):
-        return trpo_step(*objectives(batch), params, cfg.trpo)
+        fisher = post_kl_fisher(policy_apply, params, batch, inner, est)
+        return trpo_step(*objectives(batch), params, cfg.trpo, kl_hvp=fisher)
 
     batch = collect(params, key)
     g = jax.jit(grad)(params, batch)
     return {
         "sample (rollouts + inner step)": _median_ms(collect, params, key),
         "meta-gradient": _median_ms(jax.jit(grad), params, batch),
-        "one Fisher-vector product": _median_ms(jax.jit(fvp), params, batch, g),
+        "one FVP (hvp of the KL)": _median_ms(jax.jit(fvp_hvp), params, batch, g),
+        "one FVP (J^T F J)": _median_ms(jax.jit(fvp_gn), params, batch, g),
         f"CG solve ({cfg.trpo.cg_iters} iterations)": _median_ms(jax.jit(cg), params, batch, g),
         "one line-search evaluation": _median_ms(jax.jit(evaluate), params, batch),
         "TRPO step (all of it)": _median_ms(jax.jit(step), params, batch),
