@@ -167,6 +167,41 @@ def post_kl(
     return jnp.sum(kl * batch.post.mask) / jnp.sum(batch.post.mask)
 
 
+def post_kl_fisher(
+    policy_apply: PolicyApply,
+    params: Params,
+    batch: TaskBatch,
+    cfg: InnerConfig,
+    estimator: str = "dice",
+):
+    """``v -> H v`` with ``H`` the Hessian at ``params`` of the mean over tasks of
+    :func:`post_kl` (``batch`` stacked over tasks), in Gauss-Newton form ``J^T F J``.
+
+    ``J`` is the Jacobian of each task's adapted parameters (linearised once) and ``F`` the
+    Hessian of the KL in the adapted parameters. At the sampling parameters the KL's gradient in
+    the adapted parameters is zero, so ``J^T F J`` is the exact Hessian, at second-order
+    autodiff cost instead of the third order of differentiating ``grad(post_kl)`` through the
+    inner step; tests/rl/test_trpo.py checks it against :func:`metalearn.hvp`.
+    """
+
+    def adapt(p):
+        return jax.vmap(lambda b: adapted_params(policy_apply, p, b, cfg, estimator)[-1])(batch)
+
+    adapted, jvp = jax.linearize(adapt, params)
+    vjp = jax.linear_transpose(jvp, params)
+
+    def kl_adapted(phi):
+        def one(ph, b):
+            mean, log_std = policy_apply(ph, b.post.obs)
+            kl = gaussian_kl(b.post_mean, b.post_log_std, mean, log_std)
+            return jnp.sum(kl * b.post.mask) / jnp.sum(b.post.mask)
+
+        return jnp.mean(jax.vmap(one)(phi, batch))
+
+    _, fisher = jax.linearize(jax.grad(kl_adapted), adapted)
+    return lambda v: vjp(fisher(jvp(v)))[0]
+
+
 def task_loss(
     env: Env,
     policy_apply: PolicyApply,

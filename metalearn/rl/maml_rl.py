@@ -22,6 +22,7 @@ from metalearn.rl.estimators import (
     collect_task_batch,
     meta_surrogate,
     post_kl,
+    post_kl_fisher,
 )
 from metalearn.rl.inner import InnerConfig, sample_adaptation
 from metalearn.rl.ppo import PPOConfig, clipped_surrogate, ppo_epochs
@@ -106,7 +107,9 @@ def make_meta_iteration(
                 lambda p, b: meta_surrogate(policy_apply, p, b, cfg.inner, cfg.estimator)
             )
             kl = over_tasks(lambda p, b: post_kl(policy_apply, p, b, cfg.inner, cfg.estimator))
-            params, info = trpo_step(surrogate, kl, state.params, cfg.trpo)
+            # the KL's Hessian as J^T F J: exact at the sampling parameters, second order
+            fisher = post_kl_fisher(policy_apply, state.params, batch, cfg.inner, cfg.estimator)
+            params, info = trpo_step(surrogate, kl, state.params, cfg.trpo, kl_hvp=fisher)
             metrics.update(info._asdict())
             return MetaRLState(params, ()), metrics
         objective = over_tasks(

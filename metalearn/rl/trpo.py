@@ -67,8 +67,12 @@ def trpo_step(
     kl: Callable[[Params], jax.Array],
     params: Params,
     cfg: TRPOConfig = TRPOConfig(),
+    kl_hvp: Callable[[Params], Params] | None = None,
 ) -> tuple[Params, TRPOInfo]:
     """Maximise ``surrogate`` subject to ``kl(new) <= cfg.max_kl``; ``kl(params)`` must be 0.
+
+    ``kl_hvp`` (optional) is ``v -> H_kl v`` at ``params`` in a cheaper form than
+    :func:`metalearn.hvp` of ``kl`` (as :func:`metalearn.rl.estimators.post_kl_fisher`).
 
     >>> import jax.numpy as jnp
     >>> surrogate = lambda p: -jnp.sum((p - 1.0) ** 2)
@@ -77,17 +81,17 @@ def trpo_step(
     >>> bool(info.accepted), bool(info.kl <= 0.01 + 1e-6), bool(info.surrogate_after > -2.0)
     (True, True, True)
     """
-    grads = jax.grad(surrogate)(params)
-    solve = cg_solve(
-        lambda v: fisher_vector_product(kl, params, v, cfg.damping),
-        grads,
-        max_iters=cfg.cg_iters,
-        tol=1e-10,
-    )
+    before, grads = jax.value_and_grad(surrogate)(params)
+
+    def fvp(v: Params) -> Params:
+        if kl_hvp is None:
+            return fisher_vector_product(kl, params, v, cfg.damping)
+        return jax.tree.map(lambda h, x: h + cfg.damping * x, kl_hvp(v), v)
+
+    solve = cg_solve(fvp, grads, max_iters=cfg.cg_iters, tol=1e-10)
     direction = solve.x
-    curvature = _tree_dot(direction, fisher_vector_product(kl, params, direction, cfg.damping))
+    curvature = _tree_dot(direction, fvp(direction))
     scale = jnp.sqrt(2.0 * cfg.max_kl / (curvature + 1e-8))
-    before = surrogate(params)
 
     def candidate(k: jax.Array) -> Params:
         factor = scale * cfg.backtrack_ratio ** k.astype(jnp.float32)
