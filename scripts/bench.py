@@ -100,6 +100,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="metalearn: auto,vmap,unroll,map, or mapN (N parallel lax.map chains, proposed)",
     )
     p.add_argument(
+        "--cpu-devices",
+        type=csv_list,
+        default=["auto"],
+        help="metalearn: XLA:CPU devices the tasks are split across (auto: as the runner picks)",
+    )
+    p.add_argument(
         "--steps-per-call", type=int, default=1, help="metalearn: meta-steps fused per jit call"
     )
     p.add_argument(
@@ -173,7 +179,10 @@ def make_specs(args: argparse.Namespace) -> list[dict[str, Any]]:
                     convs = (
                         args.conv if impl == "metalearn" and case["kind"] != "sinusoid" else ["-"]
                     )
-                    for batching, conv in itertools.product(batchings, convs):
+                    devices = args.cpu_devices if impl == "metalearn" else ["-"]
+                    for batching, conv, cpu_devices in itertools.product(
+                        batchings, convs, devices
+                    ):
                         for remat in remats if impl == "metalearn" else [False]:
                             base = {k: v for k, v in case.items() if k not in ("orders",)}
                             base.update(
@@ -183,6 +192,7 @@ def make_specs(args: argparse.Namespace) -> list[dict[str, Any]]:
                                 order=order,
                                 batching=batching,
                                 conv=conv,
+                                cpu_devices=cpu_devices,
                                 remat=remat,
                                 meta_batch=args.meta_batch or case["meta_batch"],
                                 outer_lr=1e-3,

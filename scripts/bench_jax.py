@@ -96,6 +96,19 @@ def resolved_conv(spec: dict[str, Any]) -> str:
     return resolve_conv(conv) if spec["kind"] != "sinusoid" and conv in CONVS else conv
 
 
+def start_devices(spec: dict[str, Any]) -> None:
+    """Before JAX starts: the XLA:CPU devices the runner would use (``cpu_devices: auto``, as
+    ``cpu_devices_for`` decides for ``task_batching: auto``) or the count the spec names."""
+    from metalearn.runner.devices import auto_cpu_devices, start_cpu_devices, usable_cores
+
+    count = spec.get("cpu_devices", "auto")
+    if count == "auto":
+        convolutional = spec["kind"] != "sinusoid"
+        auto = spec["batching"] == "auto"
+        count = auto_cpu_devices(convolutional, spec["meta_batch"], usable_cores()) if auto else 1
+    start_cpu_devices(int(count))
+
+
 def memory_stats() -> dict | None:
     try:
         return jax.devices()[0].memory_stats()
@@ -115,6 +128,7 @@ def run_metalearn(spec: dict[str, Any]) -> dict[str, Any]:
         resolve_task_batching,
     )
 
+    start_devices(spec)
     tasks, model, learner = build_parts(spec)
     meta_steps = 10_000
     optimizer = build_optimizer(OptimizerConfig(name="adam", lr=spec["outer_lr"]), meta_steps)
