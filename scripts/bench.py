@@ -180,9 +180,7 @@ def make_specs(args: argparse.Namespace) -> list[dict[str, Any]]:
                         args.conv if impl == "metalearn" and case["kind"] != "sinusoid" else ["-"]
                     )
                     devices = args.cpu_devices if impl == "metalearn" else ["-"]
-                    for batching, conv, cpu_devices in itertools.product(
-                        batchings, convs, devices
-                    ):
+                    for batching, conv, cpu_devices in itertools.product(batchings, convs, devices):
                         for remat in remats if impl == "metalearn" else [False]:
                             base = {k: v for k, v in case.items() if k not in ("orders",)}
                             base.update(
