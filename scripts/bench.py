@@ -106,6 +106,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="metalearn: XLA:CPU devices the tasks are split across (auto: as the runner picks)",
     )
     p.add_argument(
+        "--threefry",
+        choices=("unrolled", "rolled"),
+        default="unrolled",
+        help="metalearn: threefry lowered as the runner does (unrolled) or as JAX does on CPU",
+    )
+    p.add_argument(
         "--steps-per-call", type=int, default=1, help="metalearn: meta-steps fused per jit call"
     )
     p.add_argument(
@@ -191,6 +197,7 @@ def make_specs(args: argparse.Namespace) -> list[dict[str, Any]]:
                                 batching=batching,
                                 conv=conv,
                                 cpu_devices=cpu_devices,
+                                threefry=args.threefry,
                                 remat=remat,
                                 meta_batch=args.meta_batch or case["meta_batch"],
                                 outer_lr=1e-3,
@@ -230,6 +237,7 @@ def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
     row.update(steps=spec["steps"])
     row.update(steps_per_call=spec["steps_per_call"], warmup=spec["warmup"])
     row.update(inner_unroll=spec.get("inner_unroll", "full"))
+    row.update(threefry=spec.get("threefry", "-") if spec["impl"] == "metalearn" else "-")
     row.update(result)
     row["load_1m"] = load
     row["xla_flags"] = os.environ.get("XLA_FLAGS", "")
@@ -272,7 +280,8 @@ def print_table(rows: list[dict[str, Any]], out=None) -> None:
         if r["impl"] == "higher"
     }
     header = (
-        f"{'case':<15} {'impl':<9} {'batch':<6} {'conv':<6} {'k':>2} {'order':<6} {'remat':<5} "
+        f"{'case':<15} {'impl':<9} {'batch':<6} {'conv':<6} {'dev':>3} {'k':>2} {'order':<6} "
+        f"{'remat':<5} "
         f"{'ms/step':>9} {'min ms':>9} {'cpu ms':>9} {'compile s':>9} {'peak MB':>8} "
         f"{'mem kind':<12} {'ratio':>7} {'load':>5}"
     )
@@ -291,7 +300,7 @@ def print_table(rows: list[dict[str, Any]], out=None) -> None:
         )
         print(
             f"{r['case']:<15} {r['impl']:<9} {r['batching']:<6} {r.get('conv', '-'):<6} "
-            f"{r['inner_steps']:>2} "
+            f"{fmt(r.get('num_devices')):>3} {r['inner_steps']:>2} "
             f"{r['order']:<6} {str(r['remat']):<5} {fmt(r.get('ms_per_step'), 2):>9} "
             f"{fmt(r.get('ms_min'), 2):>9} {fmt(r.get('cpu_ms_per_step'), 1):>9} "
             f"{fmt(r.get('compile_s'), 1):>9} {fmt(r.get('peak_mem_mb'), 1):>8} {kind:<12} "
@@ -310,6 +319,7 @@ MARKDOWN_COLUMNS = [
     ("impl", "impl"),
     ("batching", "batching"),
     ("conv", "conv"),
+    ("num_devices", "devices"),
     ("inner_steps", "k"),
     ("order", "order"),
     ("remat", "remat"),

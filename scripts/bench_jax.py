@@ -19,7 +19,7 @@ from __future__ import annotations
 import resource
 import statistics
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -97,9 +97,15 @@ def resolved_conv(spec: dict[str, Any]) -> str:
 
 
 def start_devices(spec: dict[str, Any]) -> None:
-    """Before JAX starts: the XLA:CPU devices the runner would use (``cpu_devices: auto``, as
-    ``cpu_devices_for`` decides for ``task_batching: auto``) or the count the spec names."""
-    from metalearn.runner.devices import auto_cpu_devices, start_cpu_devices, usable_cores
+    """Before JAX starts, as the runner does: the XLA:CPU devices (``cpu_devices: auto``, as
+    ``cpu_devices_for`` decides for ``task_batching: auto``, or the count the spec names) and
+    the unrolled threefry lowering (unless ``threefry: rolled``)."""
+    from metalearn.runner.cpu_backend import (
+        auto_cpu_devices,
+        start_cpu_devices,
+        unroll_cpu_threefry,
+        usable_cores,
+    )
 
     count = spec.get("cpu_devices", "auto")
     if count == "auto":
@@ -107,6 +113,8 @@ def start_devices(spec: dict[str, Any]) -> None:
         auto = spec["batching"] == "auto"
         count = auto_cpu_devices(convolutional, spec["meta_batch"], usable_cores()) if auto else 1
     start_cpu_devices(int(count))
+    if spec.get("threefry", "unrolled") == "unrolled":
+        unroll_cpu_threefry()
 
 
 def memory_stats() -> dict | None:
@@ -116,8 +124,17 @@ def memory_stats() -> dict | None:
         return None
 
 
-def run_metalearn(spec: dict[str, Any]) -> dict[str, Any]:
-    """Compile and time the runner's meta-step for ``spec``; one result row."""
+class Built(NamedTuple):
+    """The runner's jitted meta-step for a spec, with its initial state and data."""
+
+    jitted: Any
+    state: Any
+    arrays: Any
+    strategy: str
+
+
+def build_step(spec: dict[str, Any]) -> Built:
+    """The runner's meta-step for ``spec``, not yet compiled (JAX's devices started first)."""
     from metalearn.config import OptimizerConfig
     from metalearn.runner.experiment import build_optimizer
     from metalearn.runner.steps import (
@@ -157,6 +174,12 @@ def run_metalearn(spec: dict[str, Any]) -> dict[str, Any]:
         mesh=mesh,
     )
     jitted = make_multi_step(meta_step, spec["steps_per_call"])
+    return Built(jitted, state, arrays, strategy)
+
+
+def run_metalearn(spec: dict[str, Any]) -> dict[str, Any]:
+    """Compile and time the runner's meta-step for ``spec``; one result row."""
+    jitted, state, arrays, strategy = build_step(spec)
     jax.block_until_ready((state, arrays))
     rss_before = rss_peak_mb()
 

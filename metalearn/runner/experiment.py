@@ -12,7 +12,7 @@ from metalearn.config import Config, OptimizerConfig
 from metalearn.data.task import Objective, TaskFamily, family_objective
 from metalearn.models.base import Model, ModelParts, model_from_flax
 from metalearn.registry import ALGORITHMS, MODELS, TASKS
-from metalearn.runner.devices import auto_cpu_devices, usable_cores
+from metalearn.runner.cpu_backend import auto_cpu_devices, usable_cores
 from metalearn.runner.steps import (
     TrainState,
     init_train_state,
