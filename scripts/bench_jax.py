@@ -131,6 +131,7 @@ class Built(NamedTuple):
     state: Any
     arrays: Any
     strategy: str
+    steps_per_call: int
 
 
 def build_step(spec: dict[str, Any]) -> Built:
@@ -142,6 +143,7 @@ def build_step(spec: dict[str, Any]) -> Built:
         make_meta_step,
         make_meta_train_step,
         make_multi_step,
+        resolve_steps_per_call,
         resolve_task_batching,
     )
 
@@ -173,13 +175,16 @@ def build_step(spec: dict[str, Any]) -> Built:
         shots=spec["shots"],
         mesh=mesh,
     )
-    jitted = make_multi_step(meta_step, spec["steps_per_call"])
-    return Built(jitted, state, arrays, strategy)
+    fused = spec["steps_per_call"]
+    if fused == "auto":
+        fused = 1 if model.is_convolutional else resolve_steps_per_call(0, model)
+    jitted = make_multi_step(meta_step, int(fused))
+    return Built(jitted, state, arrays, strategy, int(fused))
 
 
 def run_metalearn(spec: dict[str, Any]) -> dict[str, Any]:
     """Compile and time the runner's meta-step for ``spec``; one result row."""
-    jitted, state, arrays, strategy = build_step(spec)
+    jitted, state, arrays, strategy, fused = build_step(spec)
     jax.block_until_ready((state, arrays))
     rss_before = rss_peak_mb()
 
@@ -194,8 +199,8 @@ def run_metalearn(spec: dict[str, Any]) -> dict[str, Any]:
         state, metrics = compiled(state, arrays)
         jax.block_until_ready((state, metrics))
         if i >= spec["warmup"]:
-            times.append((time.perf_counter() - start) / spec["steps_per_call"])
-            cpu_times.append((time.process_time() - cpu_start) / spec["steps_per_call"])
+            times.append((time.perf_counter() - start) / fused)
+            cpu_times.append((time.process_time() - cpu_start) / fused)
     name = "loss" if "loss" in metrics else sorted(metrics)[0]
     loss = float(np.asarray(metrics[name]))
 
@@ -204,6 +209,7 @@ def run_metalearn(spec: dict[str, Any]) -> dict[str, Any]:
         "conv": resolved_conv(spec),
         "num_devices": len(jax.devices()),
         "batching": strategy,
+        "steps_per_call": fused,
         "ms_per_step": 1e3 * statistics.median(times) if times else None,
         "ms_min": 1e3 * min(times) if times else None,
         "cpu_ms_per_step": 1e3 * statistics.median(cpu_times) if cpu_times else None,

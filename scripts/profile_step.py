@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(args.steps):
             state, metrics = jax.block_until_ready(compiled(state, built.arrays))
         wall_ms = 1e3 * (time.perf_counter() - start)
-    steps = args.steps * spec["steps_per_call"]
+    steps = args.steps * built.steps_per_call
     print(
         f"{spec['case']} k={spec['inner_steps']} {spec['order']} order, {built.strategy}, "
         f"{len(jax.devices())} device(s); trace in {log_dir}"

@@ -71,12 +71,14 @@ def start_cpu_devices(count: int) -> bool:
 
 def unroll_cpu_threefry() -> bool:
     """Lower ``threefry2x32`` on CPU as straight-line code (JAX's GPU lowering); False if this
-    JAX has no such rule. Random bits are unchanged; programs traced afterwards use it.
+    JAX has no such rule. Random bits are unchanged; every program traced afterwards in this
+    process uses it (checked in tests/runner/test_cpu_backend.py).
 
     >>> import jax
     >>> unroll_cpu_threefry()
     True
-    >>> "while" in jax.jit(jax.random.uniform).lower(jax.random.key(0), (3,)).as_text()
+    >>> draw = jax.jit(lambda key: jax.random.uniform(key, (3,)))
+    >>> "while" in draw.lower(jax.random.key(0)).as_text()
     False
     """
     try:
