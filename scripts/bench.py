@@ -147,6 +147,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--no-isolate", action="store_true", help="run every config in this process")
     p.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="only measure the matrix-product ceiling (GFLOP/s) with the Conv4 runner's devices",
+    )
+    p.add_argument(
         "--markdown", nargs="+", metavar="JSONL", help="print these results as a Markdown table"
     )
     p.add_argument("--row", help=argparse.SUPPRESS)  # internal: run one spec (JSON), print row
@@ -253,6 +258,32 @@ def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def measure_ceiling(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``--ceiling``: matrix-product GFLOP/s in a fresh process, printed and written."""
+    if args.no_isolate:
+        from bench_jax import matmul_ceiling
+
+        rows = matmul_ceiling()
+    else:
+        code = "import json, bench_jax; print(json.dumps(bench_jax.matmul_ceiling()))"
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+        )
+        if proc.returncode != 0:
+            sys.exit(f"error: the ceiling run failed: {proc.stderr.strip()[-500:]}")
+        rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    for row in rows:
+        row["load_1m"] = os.getloadavg()[0]
+        print(f"{row['shape']:<36} {row['ms_per_call']:9.2f} ms {row['gflop_s']:8.1f} GFLOP/s")
+    if args.json:
+        with open(args.json, "a" if args.append else "w") as out:
+            out.writelines(json.dumps(row) + "\n" for row in rows)
+    return rows
+
+
 def run_isolated(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one configuration in a child process (fresh compile caches and memory peaks)."""
     env = dict(os.environ)
@@ -314,7 +345,7 @@ def print_table(rows: list[dict[str, Any]], out=None) -> None:
         f"{'case':<15} {'impl':<9} {'batch':<6} {'conv':<6} {'dev':>3} {'k':>2} {'order':<6} "
         f"{'remat':<5} "
         f"{'ms/step':>9} {'min ms':>9} {'cpu ms':>9} {'compile s':>9} {'peak MB':>8} "
-        f"{'mem kind':<12} {'ratio':>7} {'load':>5}"
+        f"{'mem kind':<12} {'GFLOP/s':>7} {'ratio':>7} {'load':>5}"
     )
     print(header, file=out)
     print("-" * len(header), file=out)
@@ -335,7 +366,7 @@ def print_table(rows: list[dict[str, Any]], out=None) -> None:
             f"{r['order']:<6} {str(r['remat']):<5} {fmt(r.get('ms_per_step'), 2):>9} "
             f"{fmt(r.get('ms_min'), 2):>9} {fmt(r.get('cpu_ms_per_step'), 1):>9} "
             f"{fmt(r.get('compile_s'), 1):>9} {fmt(r.get('peak_mem_mb'), 1):>8} {kind:<12} "
-            f"{fmt(ratio, 2):>7} {fmt(r.get('load_1m'), 1):>5}",
+            f"{fmt(r.get('gflop_s'), 1):>7} {fmt(ratio, 2):>7} {fmt(r.get('load_1m'), 1):>5}",
             file=out,
         )
     print(
@@ -360,6 +391,8 @@ MARKDOWN_COLUMNS = [
     ("ms_min", "min ms"),
     ("cpu_ms_per_step", "CPU ms"),
     ("compile_s", "compile s"),
+    ("gflop_per_step", "GFLOP"),
+    ("gflop_s", "GFLOP/s"),
     ("peak_mem_mb", "peak MB"),
     ("peak_mem_kind", "memory kind"),
     ("xla_temp_mb", "XLA temp MB"),
@@ -399,6 +432,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if args.row:
         print(json.dumps(run_spec(json.loads(args.row))), flush=True)
         return []
+    if args.ceiling:
+        return measure_ceiling(args)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     out = None
     if args.json:
