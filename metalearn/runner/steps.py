@@ -57,8 +57,10 @@ def resolve_task_batching(strategy: str, model: Model) -> str:
     loop iteration) for convolutional ones (``Model.is_convolutional``): per-task kernels under
     ``vmap`` become grouped convolutions, which XLA:CPU expands, and one task's matrix products
     are already large enough for the CPU; a Python loop unrolled inside ``jit`` (``unroll``)
-    makes the program 32 times larger and compiles for minutes. Measured in
-    experiments/benchmarks/.
+    makes the program 32 times larger and compiles for minutes. So that both cores of a CPU
+    work, a run started with ``auto`` also splits the tasks across one XLA:CPU device per core
+    (:func:`metalearn.runner.experiment.cpu_devices_for`), each looping over its share.
+    Measured in experiments/benchmarks/.
     """
     if strategy != "auto":
         return strategy
