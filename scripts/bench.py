@@ -111,8 +111,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--threefry",
         choices=("unrolled", "rolled"),
-        default="unrolled",
-        help="metalearn: threefry lowered as the runner does (unrolled) or as JAX does on CPU",
+        default="rolled",
+        help="metalearn: threefry lowered as JAX does on CPU (rolled loop, the runner's) or "
+        "unrolled (metalearn.runner.cpu_backend.unroll_cpu_threefry; measured: no gain)",
     )
     p.add_argument(
         "--steps-per-call",

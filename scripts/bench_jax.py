@@ -99,7 +99,7 @@ def resolved_conv(spec: dict[str, Any]) -> str:
 def start_devices(spec: dict[str, Any]) -> None:
     """Before JAX starts, as the runner does: the XLA:CPU devices (``cpu_devices: auto``, as
     ``cpu_devices_for`` decides for ``task_batching: auto``, or the count the spec names) and
-    the unrolled threefry lowering (unless ``threefry: rolled``)."""
+    with ``threefry: unrolled``, the unrolled threefry lowering (measured: no gain)."""
     from metalearn.runner.cpu_backend import (
         auto_cpu_devices,
         start_cpu_devices,
@@ -113,7 +113,7 @@ def start_devices(spec: dict[str, Any]) -> None:
         auto = spec["batching"] == "auto"
         count = auto_cpu_devices(convolutional, spec["meta_batch"], usable_cores()) if auto else 1
     start_cpu_devices(int(count))
-    if spec.get("threefry", "unrolled") == "unrolled":
+    if spec.get("threefry", "rolled") == "unrolled":
         unroll_cpu_threefry()
 
 

@@ -4,9 +4,11 @@ On a CPU, a meta-batch of convolutional tasks looped over by ``lax.map`` runs on
 time, and one task's matrix products are too small to keep several cores busy. So for
 ``trainer.task_batching: auto`` the runner starts one XLA:CPU device per core, each on one
 thread, and splits the tasks across them (:mod:`metalearn.runner.devices`). And JAX lowers its
-random-number hash (threefry) to a rolled loop on CPU, whose few-microsecond iterations dominate
-small meta-steps (the sinusoid's); :func:`unroll_cpu_threefry` lowers it to straight-line code,
-as JAX does on GPUs: the same bits, fewer operations. Measured in experiments/benchmarks/.
+random-number hash (threefry) to a rolled loop on CPU (~350 small operations per sinusoid
+meta-step); :func:`unroll_cpu_threefry` lowers it to straight-line code, as JAX does on GPUs:
+the same bits, fewer operations. Measured, it did not make the sinusoid step faster (0.49 ms
+unrolled against 0.44 ms rolled), so the runner does not use it; ``scripts/bench.py
+--threefry unrolled`` does. Measured in experiments/benchmarks/.
 """
 
 from __future__ import annotations
