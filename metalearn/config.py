@@ -52,7 +52,9 @@ class TrainerConfig:
     meta_steps: int = 70_000  # meta-updates in the whole run
     meta_batch_size: int = 25
     shots: int = 10  # support examples per class (per task for regression) during training
-    task_batching: str = "auto"  # auto | vmap | unroll | map: how tasks in a meta-batch run
+    # auto | vmap | unroll | map | map<k>: how tasks in a meta-batch run. auto on CPU for conv
+    # models: map, with one XLA:CPU device per core each looping over its share of the tasks.
+    task_batching: str = "auto"
     steps_per_call: int = 0  # meta-steps fused into one jitted call (lax.scan); 0: auto
     log_every: int = 1000
     eval_every: int = 10_000  # 0: evaluate only at the end

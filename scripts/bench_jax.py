@@ -19,7 +19,7 @@ from __future__ import annotations
 import resource
 import statistics
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -96,6 +96,27 @@ def resolved_conv(spec: dict[str, Any]) -> str:
     return resolve_conv(conv) if spec["kind"] != "sinusoid" and conv in CONVS else conv
 
 
+def start_devices(spec: dict[str, Any]) -> None:
+    """Before JAX starts, as the runner does: the XLA:CPU devices (``cpu_devices: auto``, as
+    ``cpu_devices_for`` decides for ``task_batching: auto``, or the count the spec names) and
+    with ``threefry: unrolled``, the unrolled threefry lowering (measured: no gain)."""
+    from metalearn.runner.cpu_backend import (
+        auto_cpu_devices,
+        start_cpu_devices,
+        unroll_cpu_threefry,
+        usable_cores,
+    )
+
+    count = spec.get("cpu_devices", "auto")
+    if count == "auto":
+        convolutional = spec["kind"] != "sinusoid"
+        auto = spec["batching"] == "auto"
+        count = auto_cpu_devices(convolutional, spec["meta_batch"], usable_cores()) if auto else 1
+    start_cpu_devices(int(count))
+    if spec.get("threefry", "rolled") == "unrolled":
+        unroll_cpu_threefry()
+
+
 def memory_stats() -> dict | None:
     try:
         return jax.devices()[0].memory_stats()
@@ -103,8 +124,22 @@ def memory_stats() -> dict | None:
         return None
 
 
-def run_metalearn(spec: dict[str, Any]) -> dict[str, Any]:
-    """Compile and time the runner's meta-step for ``spec``; one result row."""
+class Built(NamedTuple):
+    """The runner's jitted meta-step for a spec, with its initial state and data."""
+
+    jitted: Any
+    state: Any
+    arrays: Any
+    strategy: str
+    steps_per_call: int
+
+
+def build_step(spec: dict[str, Any], *, counting: bool = False) -> Built:
+    """The runner's meta-step for ``spec``, not yet compiled (JAX's devices started first).
+
+    ``counting``: one device, tasks batched by ``vmap``, one step per call: the same
+    arithmetic with no loop over tasks, for XLA's operation count (a loop body counts once).
+    """
     from metalearn.config import OptimizerConfig
     from metalearn.runner.experiment import build_optimizer
     from metalearn.runner.steps import (
@@ -112,16 +147,20 @@ def run_metalearn(spec: dict[str, Any]) -> dict[str, Any]:
         make_meta_step,
         make_meta_train_step,
         make_multi_step,
+        resolve_steps_per_call,
         resolve_task_batching,
     )
 
+    start_devices(spec)
     tasks, model, learner = build_parts(spec)
     meta_steps = 10_000
     optimizer = build_optimizer(OptimizerConfig(name="adam", lr=spec["outer_lr"]), meta_steps)
     state = init_train_state(learner, model, optimizer, jax.random.key(0))
-    strategy = resolve_task_batching(spec["batching"], model)
+    strategy = "vmap" if counting else resolve_task_batching(spec["batching"], model)
     mesh, arrays = None, tasks.splits["train"]
-    if len(jax.devices()) > 1:  # shard the tasks as the runner does (trainer.shard_tasks)
+    if (
+        len(jax.devices()) > 1 and not counting
+    ):  # shard the tasks as the runner does (trainer.shard_tasks)
         from metalearn.runner.devices import replicated, task_mesh
 
         mesh = task_mesh(True, spec["meta_batch"])
@@ -142,7 +181,75 @@ def run_metalearn(spec: dict[str, Any]) -> dict[str, Any]:
         shots=spec["shots"],
         mesh=mesh,
     )
-    jitted = make_multi_step(meta_step, spec["steps_per_call"])
+    fused = 1 if counting else spec["steps_per_call"]
+    if fused == "auto":
+        fused = 1 if model.is_convolutional else resolve_steps_per_call(0, model)
+    jitted = make_multi_step(meta_step, int(fused))
+    return Built(jitted, state, arrays, strategy, int(fused))
+
+
+def step_gflop(spec: dict[str, Any]) -> float | None:
+    """XLA's count of one meta-step's floating-point operations, in GFLOP (from the lowered,
+    uncompiled step with ``vmap`` over tasks), or None where the backend gives no count."""
+    built = build_step(spec, counting=True)
+    cost = built.jitted.lower(built.state, built.arrays).cost_analysis()
+    flops = (cost or {}).get("flops")
+    return flops / 1e9 if flops else None
+
+
+def matmul_ceiling(repeats: int = 20) -> list[dict[str, Any]]:
+    """GFLOP/s of float32 matrix products with the devices the Conv4 runner starts (one per
+    core, one thread each), every device multiplying at once: the ceiling for a meta-step.
+
+    Shapes: Conv4's second layer on 300 images ([14700, 576] x [576, 64], 20-way queries),
+    on 75 ([3675, 576] x [576, 64], 5-way), and square 1024 products.
+    """
+    from jax.sharding import PartitionSpec
+
+    from metalearn.runner.devices import TASK_AXIS, task_mesh
+
+    start_devices({"kind": "omniglot", "batching": "auto", "meta_batch": 32})
+    devices = len(jax.devices())
+    mesh = task_mesh(True, devices)
+    rows = []
+    for m, k, n in ((14700, 576, 64), (3675, 576, 64), (1024, 1024, 1024)):
+        a = jax.random.normal(jax.random.key(0), (devices, m, k))
+        b = jax.random.normal(jax.random.key(1), (devices, k, n))
+        product = jax.jit(lambda a, b: jax.numpy.einsum("dmk,dkn->dmn", a, b))
+        if mesh is not None:
+            spec = PartitionSpec(TASK_AXIS)
+            product = jax.jit(
+                jax.shard_map(
+                    lambda a, b: jax.numpy.einsum("dmk,dkn->dmn", a, b),
+                    mesh=mesh,
+                    in_specs=(spec, spec),
+                    out_specs=spec,
+                )
+            )
+        jax.block_until_ready(product(a, b))
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            jax.block_until_ready(product(a, b))
+            times.append(time.perf_counter() - start)
+        gflop = 2.0 * devices * m * k * n / 1e9
+        rows.append(
+            {
+                "case": "matmul_ceiling",
+                "shape": f"{devices} x [{m}, {k}] x [{k}, {n}]",
+                "num_devices": devices,
+                "gflop": gflop,
+                "ms_per_call": 1e3 * statistics.median(times),
+                "gflop_s": gflop / statistics.median(times),
+                "gflop_s_best": gflop / min(times),
+            }
+        )
+    return rows
+
+
+def run_metalearn(spec: dict[str, Any]) -> dict[str, Any]:
+    """Compile and time the runner's meta-step for ``spec``; one result row."""
+    jitted, state, arrays, strategy, fused = build_step(spec)
     jax.block_until_ready((state, arrays))
     rss_before = rss_peak_mb()
 
@@ -157,8 +264,8 @@ def run_metalearn(spec: dict[str, Any]) -> dict[str, Any]:
         state, metrics = compiled(state, arrays)
         jax.block_until_ready((state, metrics))
         if i >= spec["warmup"]:
-            times.append((time.perf_counter() - start) / spec["steps_per_call"])
-            cpu_times.append((time.process_time() - cpu_start) / spec["steps_per_call"])
+            times.append((time.perf_counter() - start) / fused)
+            cpu_times.append((time.process_time() - cpu_start) / fused)
     name = "loss" if "loss" in metrics else sorted(metrics)[0]
     loss = float(np.asarray(metrics[name]))
 
@@ -167,6 +274,7 @@ def run_metalearn(spec: dict[str, Any]) -> dict[str, Any]:
         "conv": resolved_conv(spec),
         "num_devices": len(jax.devices()),
         "batching": strategy,
+        "steps_per_call": fused,
         "ms_per_step": 1e3 * statistics.median(times) if times else None,
         "ms_min": 1e3 * min(times) if times else None,
         "cpu_ms_per_step": 1e3 * statistics.median(cpu_times) if cpu_times else None,
@@ -174,6 +282,10 @@ def run_metalearn(spec: dict[str, Any]) -> dict[str, Any]:
         "final_metric": loss,
         "rss_peak_delta_mb": rss_peak_mb() - rss_before,
     }
+    gflop = step_gflop(spec)
+    if gflop and row["ms_per_step"]:
+        row["gflop_per_step"] = gflop
+        row["gflop_s"] = gflop / (row["ms_per_step"] / 1e3)
     program_mb = None
     if analysis is not None:
         program_mb = (

@@ -1,15 +1,18 @@
 """Devices and hosts: the task axis of a meta-batch sharded over every device, multi-host init.
 
-With more than one device (several GPUs, or several hosts after ``jax.distributed``), tasks of
-a meta-batch are split across a one-axis mesh named ``tasks``; parameters, optimiser state and
-the dataset arrays are replicated. XLA's SPMD partitioner then runs each device's share of the
-tasks and all-reduces the averaged meta-gradient, so the update equals the one-device update.
+With more than one device (several GPUs, several hosts after ``jax.distributed``, or one
+XLA:CPU device per core), tasks of a meta-batch are split across a one-axis mesh named
+``tasks``; parameters, optimiser state and the dataset arrays are replicated. Each device runs
+its share of the tasks (``jax.shard_map``: the same task batching as on one device, e.g. a
+``lax.map`` loop accumulating the gradient mean) and the devices' means are averaged with an
+all-reduce, so the update equals the one-device update.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -63,6 +66,29 @@ def replicated(tree: Any, mesh: Mesh | None) -> Any:
         return jax.make_array_from_process_local_data(sharding, np.asarray(x))
 
     return jax.tree_util.tree_map(to_global, tree)
+
+
+def over_task_shards(fn: Callable[[Any, Any], Any], mesh: Mesh, *, reduce: bool) -> Callable:
+    """``fn(shared, tasks)`` run by each device of ``mesh`` on its share of ``tasks``.
+
+    ``shared`` is replicated, ``tasks`` split on its leading axis. With ``reduce``, ``fn``
+    returns the same value on every device (it averages with ``lax.pmean`` over
+    ``TASK_AXIS``); without, its per-task results are concatenated back along the task axis.
+
+    >>> import jax, jax.numpy as jnp
+    >>> mesh = Mesh(jax.devices()[:1], (TASK_AXIS,))
+    >>> mean = lambda w, t: jax.lax.pmean(jnp.mean(w * t), TASK_AXIS)
+    >>> float(over_task_shards(mean, mesh, reduce=True)(2.0, jnp.arange(4.0)))
+    3.0
+    """
+    out_specs = PartitionSpec() if reduce else PartitionSpec(TASK_AXIS)
+    return jax.shard_map(
+        fn,
+        mesh=mesh,
+        in_specs=(PartitionSpec(), PartitionSpec(TASK_AXIS)),
+        out_specs=out_specs,
+        check_vma=False,  # loop carries start replicated and end varying; fn reduces itself
+    )
 
 
 def constrain_replicated(tree: Any, mesh: Mesh | None) -> Any:

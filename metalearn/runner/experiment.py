@@ -12,6 +12,7 @@ from metalearn.config import Config, OptimizerConfig
 from metalearn.data.task import Objective, TaskFamily, family_objective
 from metalearn.models.base import Model, ModelParts, model_from_flax
 from metalearn.registry import ALGORITHMS, MODELS, TASKS
+from metalearn.runner.cpu_backend import auto_cpu_devices, usable_cores
 from metalearn.runner.steps import (
     TrainState,
     init_train_state,
@@ -102,6 +103,26 @@ def build_model(model_config: Any, tasks: TaskFamily, data_name: str = "the data
         )
     parts = MODELS.entry(model_config.name).info.get("parts", ModelParts())
     return model_from_flax(module, tasks.input_shape, parts)
+
+
+def cpu_devices_for(cfg: Config, cores: int | None = None) -> int:
+    """XLA:CPU devices a run asks for before JAX starts: one per core for a convolutional
+    model under ``trainer.task_batching: auto`` (see
+    :func:`~metalearn.runner.devices.auto_cpu_devices`), else one. ``task_batching: map``
+    (or ``trainer.shard_tasks: false``) keeps one device looping over all the tasks.
+
+    >>> from metalearn.config import TrainerConfig
+    >>> from metalearn.models.conv4 import Conv4Config
+    >>> cfg = Config(model=Conv4Config(), trainer=TrainerConfig(meta_batch_size=32))
+    >>> cpu_devices_for(cfg, cores=2)
+    2
+    """
+    t = cfg.trainer
+    if t.task_batching != "auto" or not t.shard_tasks or cfg.distributed.enabled:
+        return 1
+    parts = MODELS.entry(cfg.model.name).info.get("parts", ModelParts())
+    count = usable_cores() if cores is None else cores
+    return auto_cpu_devices(parts.convolutional, t.meta_batch_size, count)
 
 
 def build_experiment(cfg: Config) -> Experiment:

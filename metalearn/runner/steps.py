@@ -20,7 +20,12 @@ import optax
 from metalearn.algorithms.base import MetaLearner, TaskContext, context
 from metalearn.data.task import TaskFamily
 from metalearn.models.base import Model
-from metalearn.runner.devices import constrain_replicated, shard_task_axis
+from metalearn.runner.devices import (
+    TASK_AXIS,
+    constrain_replicated,
+    over_task_shards,
+    shard_task_axis,
+)
 
 PyTree = Any
 
@@ -52,8 +57,10 @@ def resolve_task_batching(strategy: str, model: Model) -> str:
     loop iteration) for convolutional ones (``Model.is_convolutional``): per-task kernels under
     ``vmap`` become grouped convolutions, which XLA:CPU expands, and one task's matrix products
     are already large enough for the CPU; a Python loop unrolled inside ``jit`` (``unroll``)
-    makes the program 32 times larger and compiles for minutes. Measured in
-    experiments/benchmarks/.
+    makes the program 32 times larger and compiles for minutes. So that both cores of a CPU
+    work, a run started with ``auto`` also splits the tasks across one XLA:CPU device per core
+    (:func:`metalearn.runner.experiment.cpu_devices_for`), each looping over its share.
+    Measured in experiments/benchmarks/.
     """
     if strategy != "auto":
         return strategy
@@ -128,8 +135,8 @@ def mean_over_tasks(
     With ``map`` (and ``in_carry``) the loop accumulates the sum in its carry instead of
     stacking one result per task and reducing afterwards: no ``[tasks, *params]`` buffer, and
     no large reduction after the loop (XLA:CPU took 17 ms to average 32 Conv4 kernel gradients
-    that way). Pass ``in_carry=False`` when the task axis is split across devices: a loop
-    carry cannot be.
+    that way). ``in_carry=False`` stacks and reduces anyway. With several devices, each one
+    runs this on its own share of the tasks (:func:`~metalearn.runner.devices.over_task_shards`).
 
     >>> import jax.numpy as jnp
     >>> tasks = jnp.arange(6.0).reshape(3, 2)
@@ -191,7 +198,8 @@ def make_meta_train_step(
     Each task gets its context: the state's integer step, ``meta_steps`` (the run's length),
     the model state and its own key (``fold_in(key, step)`` split over the tasks). The tasks'
     meta-gradients, new model states and metrics are averaged; the optax ``optimizer``
-    applies the mean gradient. With a ``mesh`` the task axis is split across its devices.
+    applies the mean gradient. With a ``mesh`` each device batches its share of the tasks
+    with ``strategy`` (``jax.shard_map``) and the devices' means are averaged (``pmean``).
 
     >>> import jax, jax.numpy as jnp, optax
     >>> from metalearn.algorithms.maml import maml
@@ -211,9 +219,8 @@ def make_meta_train_step(
     (1, ['mse'])
     """
 
-    def meta_train_step(state: TrainState, tasks: PyTree):
-        count = jax.tree_util.tree_leaves(tasks)[0].shape[0]
-        keys = jax.random.split(jax.random.fold_in(key, state.step), count)
+    def task_mean(state: TrainState, tasks_and_keys: PyTree):
+        """The mean over these tasks of (meta-gradient, model state, metrics)."""
         total = jnp.asarray(meta_steps, jnp.int32)
 
         def one_task(task_and_key):
@@ -222,9 +229,14 @@ def make_meta_train_step(
             grads, aux = learner.task_grad(state.meta_params, task, ctx)
             return grads, aux.model_state, aux.metrics
 
-        grads, model_state, metrics = mean_over_tasks(
-            one_task, (tasks, keys), strategy, in_carry=mesh is None
-        )
+        mean = mean_over_tasks(one_task, tasks_and_keys, strategy)
+        return mean if mesh is None else jax.lax.pmean(mean, TASK_AXIS)
+
+    def meta_train_step(state: TrainState, tasks: PyTree):
+        count = jax.tree_util.tree_leaves(tasks)[0].shape[0]
+        keys = jax.random.split(jax.random.fold_in(key, state.step), count)
+        mean = task_mean if mesh is None else over_task_shards(task_mean, mesh, reduce=True)
+        grads, model_state, metrics = mean(state, (tasks, keys))
         updates, opt_state = optimizer.update(grads, state.opt_state, state.meta_params)
         meta_params = optax.apply_updates(state.meta_params, updates)
         new_state = TrainState(state.step + 1, meta_params, model_state, opt_state)
@@ -286,19 +298,22 @@ def make_eval_step(
     from its key; its model key is ``fold_in(key, 1)``.
     """
 
-    def evaluate(trained: Trained, split_arrays, keys, shots):
-        batch = sample_tasks_from_keys(family, split_arrays, keys, shots)
-        model_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
-        if mesh is not None and keys.shape[0] % mesh.size == 0:
-            batch, model_keys = shard_task_axis((batch, model_keys), mesh)
-
+    def per_task(trained: Trained, batch_and_keys: PyTree):
         def one_task(task_and_key):
             task, key = task_and_key
             ctx = context(trained.model_state, key)
             return learner.evaluate(trained.meta_params, task, ctx, steps)
 
-        per_task = map_over_tasks(one_task, (batch, model_keys), strategy)
-        return constrain_replicated(per_task, mesh)
+        return map_over_tasks(one_task, batch_and_keys, strategy)
+
+    def evaluate(trained: Trained, split_arrays, keys, shots):
+        batch = sample_tasks_from_keys(family, split_arrays, keys, shots)
+        model_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
+        if mesh is None or keys.shape[0] % mesh.size:
+            return constrain_replicated(per_task(trained, (batch, model_keys)), mesh)
+        batch, model_keys = shard_task_axis((batch, model_keys), mesh)
+        sharded = over_task_shards(per_task, mesh, reduce=False)
+        return constrain_replicated(sharded(trained, (batch, model_keys)), mesh)
 
     return jax.jit(evaluate, static_argnums=3)
 

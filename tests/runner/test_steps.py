@@ -84,3 +84,67 @@ def test_mean_over_tasks_handles_pytrees_and_integer_metrics():
         assert float(metrics["sum"]) == pytest.approx(16.5)
         assert float(metrics["n"]) == pytest.approx(1.5)
         np.testing.assert_allclose(doubled, jnp.arange(12.0).reshape(4, 3).mean(0) * 2)
+
+
+def sharded_and_single_device_steps(batching: str = "map"):
+    """(one-device, two-device) meta-steps and evaluations of the tiny Conv4 problem, second
+    order; in a process started with two CPU devices. SGD at rate 1: the update is the
+    meta-gradient."""
+    from jax.sharding import Mesh
+
+    from metalearn.runner.devices import TASK_AXIS, replicated
+    from metalearn.runner.steps import make_eval_step, trained
+
+    assert len(jax.devices()) == 2, jax.devices()
+    tasks, model, learner = tiny_conv_experiment("im2col")
+    optimizer = optax.sgd(1.0)
+    params = learner.init(jax.random.key(1), model.init(jax.random.key(0))[0])
+    state = TrainState(jnp.asarray(0, jnp.int32), params, {}, optimizer.init(params))
+    keys = jax.random.split(jax.random.key(5), 4)
+    results = []
+    for mesh in (None, Mesh(jax.devices(), (TASK_AXIS,))):
+        train_step = make_meta_train_step(
+            learner, optimizer, meta_steps=10, strategy=batching, key=jax.random.key(3), mesh=mesh
+        )
+        step = make_meta_step(
+            train_step, tasks, train_key=jax.random.key(2), meta_batch_size=4, shots=1, mesh=mesh
+        )
+        evaluate = make_eval_step(learner, tasks, steps=(0, 2), strategy=batching, mesh=mesh)
+        arrays, start = replicated((tasks.splits["train"], state), mesh)
+        new_state, metrics = jax.jit(step)(start, arrays)
+        scores = evaluate(replicated(trained(state), mesh), arrays, replicated(keys, mesh), 1)
+        results.append(jax.device_get((new_state, metrics, scores)))
+    return jax.device_get(params), results
+
+
+def check_two_devices_match_one() -> None:
+    """Run by the test below in a process with two CPU devices."""
+    for batching in ("map", "vmap"):
+        params, (one, two) = sharded_and_single_device_steps(batching)
+        leaves = jax.tree_util.tree_leaves
+        for got, want in zip(leaves(two), leaves(one), strict=True):
+            np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-6)
+        moved = jax.tree_util.tree_map(lambda a, b: np.abs(a - b).max(), one[0].meta_params, params)
+        assert max(float(m) for m in leaves(moved)) > 1e-3  # a real meta-gradient
+    print("two devices match one")
+
+
+def test_tasks_split_over_two_cpu_devices_give_the_map_meta_gradient():
+    """The auto CPU path for conv models (each device loops over its half of the tasks and
+    the means are averaged) gives the one-device ``map`` meta-gradient and evaluation."""
+    import subprocess
+    import sys
+
+    from tests.cli import REPO, checkout_env
+
+    code = "from tests.runner.test_steps import check_two_devices_match_one as c; c()"
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+        env=checkout_env({**__import__("os").environ, "JAX_NUM_CPU_DEVICES": "2"}),
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "two devices match one" in result.stdout
