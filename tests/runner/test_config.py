@@ -45,7 +45,7 @@ def test_sinusoid_maml_is_the_papers_setup():
     "override, message",
     [
         ("optimizer.lr=-0.1", "optimizer.lr must be > 0"),
-        ("trainer.meta_steps=0", "trainer.meta_steps must be >= 1"),
+        ("trainer.meta_steps=-1", "trainer.meta_steps must be >= 0"),
         ("trainer.task_batching=magic", "trainer.task_batching must be one of"),
         ("eval.steps=[-1]", "eval.steps must be >= 0"),
     ],
