@@ -78,17 +78,47 @@ def test_random_baseline_evaluates_the_initialisation_maml_starts_from(tmp_path)
         np.testing.assert_array_equal(a, b)
 
 
-def test_pretrained_baseline_takes_no_inner_step():
-    cfg = to_objects(compose_config(["+experiment=rl_nav2d_pretrained"]))
-    assert cfg.algorithm.inner_steps == 0 and cfg.eval.steps == [0, 1, 2, 3]
-    paper = to_objects(compose_config(["+experiment=rl_nav2d_maml"]))
-    assert (paper.trainer.meta_steps, paper.trainer.meta_batch_size) == (100, 20)
-    assert (paper.data.rollouts, paper.algorithm.post_rollouts) == (20, 20)
-    assert (paper.algorithm.inner_lr, paper.algorithm.max_kl, paper.data.env) == (
-        0.1,
-        0.01,
-        "nav2d",
-    )
+def _flat(experiment: str) -> dict:
+    composed = compose_config([f"+experiment={experiment}"])
+    return _flatten(OmegaConf.to_container(composed, resolve=True))
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def test_baselines_differ_from_maml_only_where_figure_5_says():
+    maml = _flat("rl_nav2d_maml")
+    # The paper's settings: 20 rollouts, inner rate 0.1, TRPO KL 0.01, meta-batch 20, horizon
+    # 100 (nav2d's own), 100 meta-iterations; evaluation after 0-3 inner steps.
+    paper = {
+        "data.env": "nav2d",
+        "data.rollouts": 20,
+        "algorithm.post_rollouts": 20,
+        "algorithm.inner_lr": 0.1,
+        "algorithm.inner_steps": 1,
+        "algorithm.max_kl": 0.01,
+        "algorithm.outer": "trpo",
+        "algorithm.estimator": "lvc",
+        "trainer.meta_batch_size": 20,
+        "trainer.meta_steps": 100,
+        "eval.steps": [0, 1, 2, 3],
+        "model.hidden_sizes": [100, 100],
+    }
+    assert {k: maml[k] for k in paper} == paper
+    for experiment, changed in [
+        ("rl_nav2d_pretrained", {"algorithm.inner_steps": 0}),
+        ("rl_nav2d_random", {"trainer.meta_steps": 0}),
+    ]:
+        flat = _flat(experiment)
+        diff = {k: flat[k] for k in flat if flat[k] != maml.get(k)}
+        assert diff == {**changed, "name": experiment, "run_name": experiment}, experiment
 
 
 def test_sweep_over_two_estimators(tmp_path):
