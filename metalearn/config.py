@@ -28,6 +28,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 import metalearn.algorithms  # noqa: F401  (registers algorithms)
 import metalearn.data  # noqa: F401  (registers task distributions)
 import metalearn.models  # noqa: F401  (registers models)
+import metalearn.rl  # noqa: F401  (registers the RL task family, policy model and algorithm)
 from metalearn.registry import ALGORITHMS, MODELS, TASKS, Registry
 
 
@@ -250,7 +251,10 @@ def validate(cfg: Config) -> None:
             f"{key} must be an integer in [0, 2**32 - 1] (JAX keys use 32 bits of it, so other "
             f"values collide with seeds in that range), got {seed}",
         )
-    _require(t.meta_steps >= 1, f"trainer.meta_steps must be >= 1, got {t.meta_steps}")
+    _require(
+        t.meta_steps >= 0,
+        f"trainer.meta_steps must be >= 0 (0: evaluate the initialisation), got {t.meta_steps}",
+    )
     _require(
         t.meta_batch_size >= 1, f"trainer.meta_batch_size must be >= 1, got {t.meta_batch_size}"
     )

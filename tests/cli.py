@@ -10,6 +10,18 @@ import sys
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TINY = ["+experiment=sinusoid_maml", "+debug=tiny"]
 OMNIGLOT_TINY = ["+experiment=omniglot_5w1s_cpu", "+debug=tiny"]
+# MAML-RL on 2D navigation, small enough to compile and run in seconds: 2 rollouts per step,
+# an 8-unit policy, 2 CG iterations; evaluation after 0-3 inner steps on 4 tasks.
+RL_TINY = [
+    "+experiment=rl_nav2d_maml",
+    "+debug=tiny",
+    "data.rollouts=2",
+    "algorithm.post_rollouts=2",
+    "algorithm.eval_rollouts=2",
+    "algorithm.cg_iters=2",
+    "model.hidden_sizes=[8]",
+    "eval.steps=[0,1,2,3]",
+]
 
 
 def checkout_env(env: dict | None = None) -> dict:

@@ -13,6 +13,7 @@ import tensorflow_datasets as tfds
 
 from metalearn.config import to_objects
 from metalearn.runner.loop import train_and_evaluate
+from tests.cli import RL_TINY
 from tests.conftest import EXPERIMENTS, compose_config
 from tests.data.test_task_registry import IMAGE_SHAPES, fake_data_source
 
@@ -31,6 +32,8 @@ def tiny_overrides(experiment: str, data_dir: str) -> list[str]:
         overrides.append(f"data.data_dir={data_dir}")
     if composed.data.get("train_ways"):
         overrides.append("data.train_ways=10")  # more ways than tests, within the mock classes
+    if composed.algorithm.name == "maml_rl":
+        overrides += RL_TINY[2:]  # few rollouts, a small policy
     return overrides
 
 

@@ -60,12 +60,19 @@ class MetaLearner(NamedTuple):
       (evaluation mode) after each number of inner steps in the static tuple ``steps``.
     - ``adapt(meta_params, support, ctx, inner_steps) -> model_params``: task-specific
       parameters, for prediction and plots.
+    - ``batch_update`` (optional): for an outer step that needs the whole meta-batch at once
+      rather than a mean of per-task gradients (TRPO's KL-constrained step, PPO's epochs over
+      stored rollouts: :mod:`metalearn.rl.algorithm`),
+      ``batch_update(meta_params, opt_state, tasks, keys, optimizer) -> (meta_params, opt_state,
+      metrics)`` with ``tasks`` stacked on a leading axis and one key per task. The runner's
+      ``meta_train_step`` calls it instead of averaging ``task_grad`` and applying ``optimizer``.
     """
 
     init: Callable[[jax.Array, PyTree], PyTree]
     task_grad: Callable[[PyTree, Task, TaskContext], tuple[PyTree, Aux]]
     evaluate: Callable[[PyTree, Task, TaskContext, tuple[int, ...]], Metrics]
     adapt: Callable[..., PyTree]
+    batch_update: Callable[..., tuple[PyTree, PyTree, Metrics]] | None = None
 
 
 def with_config(config_cls: type, config: Any, overrides: dict) -> Any:

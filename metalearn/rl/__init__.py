@@ -3,9 +3,12 @@
 Modules, one idea each: ``envs`` (pure-function environments), ``policy`` (Gaussian MLP),
 ``rollout`` (scan over time, vmap over rollouts), ``baseline`` (returns, linear baseline,
 advantages), ``inner`` (the VPG inner loop), ``estimators`` (DiCE, LVC, MAML meta-gradients),
-``trpo`` and ``ppo`` (outer steps), ``maml_rl`` (the meta-iteration and adaptation evaluation).
+``trpo`` and ``ppo`` (outer steps), ``maml_rl`` (the meta-iteration and adaptation evaluation),
+and for the Hydra runner: ``family`` (``data=nav2d``: any registered environment's tasks),
+``policy_model`` (``model=gaussian_mlp``), ``algorithm`` (``algorithm=maml_rl``).
 """
 
+from metalearn.rl import algorithm, family, policy_model  # noqa: F401  (register themselves)
 from metalearn.rl.estimators import ESTIMATORS, TaskBatch, task_loss
 from metalearn.rl.inner import InnerConfig
 from metalearn.rl.maml_rl import (

@@ -19,6 +19,7 @@ import optax
 from metalearn.rl.envs.base import Env
 from metalearn.rl.estimators import (
     ESTIMATORS,
+    TaskBatch,
     collect_task_batch,
     meta_surrogate,
     post_kl,
@@ -64,10 +65,67 @@ class MetaRLState(NamedTuple):
     opt_state: Any
 
 
+def collect_meta_batch(
+    env: Env, policy_apply: PolicyApply, cfg: MAMLRLConfig, params: Params, keys, tasks
+) -> TaskBatch:
+    """Every task's inner loop and post-update batch (``vmap`` over the tasks and their keys)."""
+
+    def collect(key, task):
+        return collect_task_batch(
+            env, policy_apply, params, key, task, cfg.inner, cfg.num_post_rollouts
+        )
+
+    return jax.vmap(collect)(keys, tasks)
+
+
+def outer_update(
+    policy_apply: PolicyApply,
+    cfg: MAMLRLConfig,
+    params: Params,
+    opt_state: Any,
+    optimizer: optax.GradientTransformation,
+    batch: TaskBatch,
+) -> tuple[Params, Any, dict]:
+    """The outer step on a collected meta-batch: TRPO (``opt_state`` passed through) or
+    ``cfg.ppo.num_epochs`` steps of ``optimizer`` on the clipped surrogate.
+
+    Metrics: ``post_return`` (mean undiscounted return of the post-update rollouts),
+    ``pre_return`` (of the first pre-update batch; absent without inner steps), and TRPO's
+    :class:`~metalearn.rl.trpo.TRPOInfo` fields or PPO's last ``surrogate``.
+    """
+
+    def over_tasks(fn):
+        return lambda p: jnp.mean(jax.vmap(lambda b: fn(p, b))(batch))
+
+    metrics = {"post_return": jnp.mean(episode_returns(batch.post))}
+    if batch.pre:
+        metrics["pre_return"] = jnp.mean(episode_returns(batch.pre[0]))
+    if cfg.outer == "trpo":
+        surrogate = over_tasks(
+            lambda p, b: meta_surrogate(policy_apply, p, b, cfg.inner, cfg.estimator)
+        )
+        kl = over_tasks(lambda p, b: post_kl(policy_apply, p, b, cfg.inner, cfg.estimator))
+        # the KL's Hessian as J^T F J: exact at the sampling parameters, second order
+        fisher = post_kl_fisher(policy_apply, params, batch, cfg.inner, cfg.estimator)
+        params, info = trpo_step(surrogate, kl, params, cfg.trpo, kl_hvp=fisher)
+        metrics.update(info._asdict())
+        return params, opt_state, metrics
+    objective = over_tasks(
+        lambda p, b: clipped_surrogate(policy_apply, p, b, cfg.inner, cfg.estimator, cfg.ppo.clip)
+    )
+    params, opt_state, value = ppo_epochs(
+        objective, params, opt_state, optimizer, cfg.ppo.num_epochs
+    )
+    metrics["surrogate"] = value
+    return params, opt_state, metrics
+
+
 def make_meta_iteration(
     env: Env, policy_apply: PolicyApply, cfg: MAMLRLConfig
 ) -> tuple[Callable[[Params], MetaRLState], Callable]:
-    """``(init, iteration)``; ``iteration(state, key) -> (state, metrics)`` is jitted.
+    """``(init, iteration)``; ``iteration(state, key) -> (state, metrics)`` is jitted: it samples
+    ``cfg.num_tasks`` tasks, then :func:`collect_meta_batch` and :func:`outer_update` (the
+    steps the runner's ``algorithm=maml_rl`` takes, :mod:`metalearn.rl.algorithm`).
 
     >>> from metalearn.rl.envs import NAV2D
     >>> from metalearn.rl.policy import init_policy, policy_apply
@@ -84,53 +142,35 @@ def make_meta_iteration(
     def init(params: Params) -> MetaRLState:
         return MetaRLState(params, optimizer.init(params) if cfg.outer == "ppo" else ())
 
-    def collect(params, key, task):
-        return collect_task_batch(
-            env, policy_apply, params, key, task, cfg.inner, cfg.num_post_rollouts
-        )
-
     def iteration(state: MetaRLState, key: jax.Array) -> tuple[MetaRLState, dict]:
         task_key, sample_key = jax.random.split(key)
         tasks = env.sample_tasks(task_key, cfg.num_tasks)
         keys = jax.random.split(sample_key, cfg.num_tasks)
-        batch = jax.vmap(collect, in_axes=(None, 0, 0))(state.params, keys, tasks)
-
-        def over_tasks(fn):
-            return lambda p: jnp.mean(jax.vmap(lambda b: fn(p, b))(batch))
-
-        metrics = {
-            "pre_return": jnp.mean(episode_returns(batch.pre[0])) if batch.pre else jnp.nan,
-            "post_return": jnp.mean(episode_returns(batch.post)),
-        }
-        if cfg.outer == "trpo":
-            surrogate = over_tasks(
-                lambda p, b: meta_surrogate(policy_apply, p, b, cfg.inner, cfg.estimator)
-            )
-            kl = over_tasks(lambda p, b: post_kl(policy_apply, p, b, cfg.inner, cfg.estimator))
-            # the KL's Hessian as J^T F J: exact at the sampling parameters, second order
-            fisher = post_kl_fisher(policy_apply, state.params, batch, cfg.inner, cfg.estimator)
-            params, info = trpo_step(surrogate, kl, state.params, cfg.trpo, kl_hvp=fisher)
-            metrics.update(info._asdict())
-            return MetaRLState(params, ()), metrics
-        objective = over_tasks(
-            lambda p, b: clipped_surrogate(
-                policy_apply, p, b, cfg.inner, cfg.estimator, cfg.ppo.clip
-            )
+        batch = collect_meta_batch(env, policy_apply, cfg, state.params, keys, tasks)
+        params, opt_state, metrics = outer_update(
+            policy_apply, cfg, state.params, state.opt_state, optimizer, batch
         )
-        params, opt_state, value = ppo_epochs(
-            objective, state.params, state.opt_state, optimizer, cfg.ppo.num_epochs
-        )
-        metrics["surrogate"] = value
         return MetaRLState(params, opt_state), metrics
 
     return init, jax.jit(iteration)
+
+
+def adaptation_returns(
+    env: Env, policy_apply: PolicyApply, params: Params, key: jax.Array, task: Any, inner
+) -> jax.Array:
+    """One task's mean undiscounted return of ``inner.num_rollouts`` episodes after 0, 1, ...,
+    ``inner.num_steps`` inner steps, shape ``(inner.num_steps + 1,)``."""
+    inner_key, last_key = jax.random.split(key)
+    batches, _, adapted = sample_adaptation(env, policy_apply, params, inner_key, task, inner)
+    last = rollouts(env, policy_apply, adapted, last_key, task, inner.num_rollouts)
+    return jnp.stack([jnp.mean(episode_returns(t)) for t in [*batches, last]])
 
 
 def make_adaptation_eval(
     env: Env, policy_apply: PolicyApply, inner: InnerConfig
 ) -> Callable[[Params, jax.Array, Any], jax.Array]:
     """Jitted ``(params, key, tasks) -> returns`` of shape ``(num_tasks, inner.num_steps + 1)``:
-    the mean undiscounted return of ``inner.num_rollouts`` episodes after 0, 1, ... inner steps.
+    :func:`adaptation_returns` of each task.
 
     >>> from metalearn.rl.envs import NAV2D, sample_goals
     >>> from metalearn.rl.policy import init_policy, policy_apply
@@ -141,15 +181,10 @@ def make_adaptation_eval(
     (4, 3)
     """
 
-    def one_task(params, key, task):
-        inner_key, last_key = jax.random.split(key)
-        batches, _, adapted = sample_adaptation(env, policy_apply, params, inner_key, task, inner)
-        last = rollouts(env, policy_apply, adapted, last_key, task, inner.num_rollouts)
-        return jnp.stack([jnp.mean(episode_returns(t)) for t in [*batches, last]])
-
     def evaluate(params, key, tasks):
         num = jax.tree.leaves(tasks)[0].shape[0]
         keys = jax.random.split(key, num)
-        return jax.vmap(one_task, in_axes=(None, 0, 0))(params, keys, tasks)
+        one = lambda k, t: adaptation_returns(env, policy_apply, params, k, t, inner)  # noqa: E731
+        return jax.vmap(one)(keys, tasks)
 
     return jax.jit(evaluate)

@@ -198,8 +198,10 @@ def make_meta_train_step(
     Each task gets its context: the state's integer step, ``meta_steps`` (the run's length),
     the model state and its own key (``fold_in(key, step)`` split over the tasks). The tasks'
     meta-gradients, new model states and metrics are averaged; the optax ``optimizer``
-    applies the mean gradient. With a ``mesh`` each device batches its share of the tasks
-    with ``strategy`` (``jax.shard_map``) and the devices' means are averaged (``pmean``).
+    applies the mean gradient. A learner with a ``batch_update`` (MAML-RL's TRPO step) takes
+    the whole meta-batch, its keys and ``optimizer`` instead. With a ``mesh`` each device
+    batches its share of the tasks with ``strategy`` (``jax.shard_map``) and the devices' means
+    are averaged (``pmean``).
 
     >>> import jax, jax.numpy as jnp, optax
     >>> from metalearn.algorithms.maml import maml
@@ -235,6 +237,12 @@ def make_meta_train_step(
     def meta_train_step(state: TrainState, tasks: PyTree):
         count = jax.tree_util.tree_leaves(tasks)[0].shape[0]
         keys = jax.random.split(jax.random.fold_in(key, state.step), count)
+        if learner.batch_update is not None:  # an outer step on the whole meta-batch (TRPO)
+            meta_params, opt_state, metrics = learner.batch_update(
+                state.meta_params, state.opt_state, tasks, keys, optimizer
+            )
+            new_state = TrainState(state.step + 1, meta_params, state.model_state, opt_state)
+            return constrain_replicated((new_state, metrics), mesh)
         mean = task_mean if mesh is None else over_task_shards(task_mean, mesh, reduce=True)
         grads, model_state, metrics = mean(state, (tasks, keys))
         updates, opt_state = optimizer.update(grads, state.opt_state, state.meta_params)

@@ -1,5 +1,6 @@
 """The plot scripts produce PNGs from a real (tiny) run directory."""
 
+import json
 import subprocess
 import sys
 
@@ -7,7 +8,7 @@ from omegaconf import OmegaConf
 
 from metalearn.config import to_objects
 from metalearn.runner.loop import train_and_evaluate
-from tests.cli import REPO, checkout_env
+from tests.cli import REPO, checkout_env, run_script
 from tests.conftest import compose_config
 
 
@@ -39,3 +40,29 @@ def test_learning_curves_and_figure2_from_a_run(tmp_path):
         env=checkout_env(),
     )
     assert missing.returncode == 2 and "not found" in missing.stderr
+
+
+def _rl_run(directory, name, means):
+    """A run directory as `python -m metalearn.train` leaves it: eval.json and config.yaml."""
+    directory.mkdir()
+    records = [
+        {"metric": "return", "shots": 1, "steps": s, "mean": m, "ci95": 1.0, "tasks": 100}
+        for s, m in enumerate(means)
+    ]
+    (directory / "eval.json").write_text(json.dumps(records))
+    (directory / "config.yaml").write_text(f"name: {name}\n")
+    return directory
+
+
+def test_rl_returns_figure_and_table_from_run_directories(tmp_path):
+    maml = _rl_run(tmp_path / "a", "rl_nav2d_maml", [-40.0, -12.0, -8.0, -7.5])
+    random = _rl_run(tmp_path / "b", "rl_nav2d_random", [-70.0, -68.0, -66.0, -65.0])
+    out = tmp_path / "returns.png"
+    result = run_script("plot_rl_returns.py", str(maml), str(random), "--out", str(out), "--table")
+    assert result.returncode == 0, result.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| rl_nav2d_maml | -40.00 ± 1.00 | -12.00 ± 1.00 | -8.00 ± 1.00 | -7.50 ± 1.00 |" in (
+        result.stdout
+    )
+    bad = run_script("plot_rl_returns.py", str(maml), str(tmp_path / "missing"))
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "eval.json" in bad.stderr

@@ -1,0 +1,171 @@
+"""MAML-RL as a registered algorithm (``algorithm=maml_rl``), for RL task families.
+
+The learner's ``batch_update`` is the meta-iteration of :mod:`metalearn.rl.maml_rl` on the
+meta-batch the runner sampled: every task's inner loop and post-update rollouts
+(:func:`~metalearn.rl.maml_rl.collect_meta_batch`), then the outer step on the chosen
+meta-gradient estimator (:func:`~metalearn.rl.maml_rl.outer_update`: TRPO, or PPO-style
+epochs of the run's ``optimizer``). ``evaluate`` is the mean undiscounted return of
+``eval_rollouts`` episodes after each number of inner steps, at Finn et al.'s evaluation rates
+(0.1, then 0.05). ``inner_steps=0`` is the "pretrained" baseline of Finn et al.'s Figure 5:
+TRPO on the task distribution with no inner step (evaluated with 0-3 steps all the same).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from metalearn.algorithms.base import (
+    MetaLearner,
+    TaskContext,
+    check_choice,
+    check_count,
+    check_fraction,
+    check_nonnegative,
+    check_positive,
+    with_config,
+)
+from metalearn.data.task import Aux, Objective, Task
+from metalearn.registry import ALGORITHMS
+from metalearn.rl.estimators import ESTIMATORS, collect_task_batch, meta_surrogate
+from metalearn.rl.family import RLObjective
+from metalearn.rl.inner import InnerConfig, sample_adaptation
+from metalearn.rl.maml_rl import (
+    MAMLRLConfig,
+    adaptation_returns,
+    collect_meta_batch,
+    outer_update,
+)
+from metalearn.rl.ppo import PPOConfig
+from metalearn.rl.rollout import episode_returns
+from metalearn.rl.trpo import TRPOConfig
+
+OUTER_STEPS = ("trpo", "ppo")
+
+
+@dataclasses.dataclass
+class MAMLRLAlgorithmConfig:
+    """``algorithm=maml_rl``; defaults are those of :mod:`metalearn.rl` (Finn et al.'s 2D
+    navigation). Rollouts per inner step and the discount belong to the task family
+    (``data.rollouts``, ``data.discount``); PPO's learning rate is ``optimizer.lr``."""
+
+    name: str = "maml_rl"
+    estimator: str = MAMLRLConfig.estimator  # dice | lvc | maml (metalearn/rl/estimators.py)
+    outer: str = MAMLRLConfig.outer  # trpo | ppo
+    inner_steps: int = InnerConfig.num_steps  # 0: the pretrained baseline
+    inner_lr: float = InnerConfig.lrs[0]
+    post_rollouts: int = MAMLRLConfig.num_post_rollouts
+    max_kl: float = TRPOConfig.max_kl
+    cg_iters: int = TRPOConfig.cg_iters
+    cg_damping: float = TRPOConfig.damping
+    backtrack_ratio: float = TRPOConfig.backtrack_ratio
+    max_backtracks: int = TRPOConfig.max_backtracks
+    ppo_clip: float = PPOConfig.clip
+    ppo_epochs: int = PPOConfig.num_epochs
+    # Inner rates of evaluation steps 1, 2, ...; the last repeats (Finn et al.: 0.1, then 0.05).
+    eval_lrs: tuple[float, ...] = (0.1, 0.05, 0.05)
+    eval_rollouts: int = 40  # episodes per task and step count in evaluation
+
+
+def check_config(c: MAMLRLAlgorithmConfig) -> None:
+    """ValueError naming the first bad key (as ``algorithm.<key>``)."""
+    check_choice("estimator", c.estimator, ESTIMATORS)
+    check_choice("outer", c.outer, OUTER_STEPS)
+    check_count("inner_steps", c.inner_steps, minimum=0)
+    check_positive("inner_lr", c.inner_lr)
+    for key in ("post_rollouts", "eval_rollouts", "cg_iters", "ppo_epochs"):
+        check_count(key, getattr(c, key))
+    check_count("max_backtracks", c.max_backtracks, minimum=0)
+    check_positive("max_kl", c.max_kl)
+    check_nonnegative("cg_damping", c.cg_damping)
+    check_positive("backtrack_ratio", c.backtrack_ratio)
+    check_fraction("backtrack_ratio", c.backtrack_ratio)
+    check_positive("ppo_clip", c.ppo_clip)
+    if not c.eval_lrs or min(c.eval_lrs) <= 0:
+        raise ValueError(f"algorithm.eval_lrs must be positive rates, got {list(c.eval_lrs)}")
+
+
+def meta_rl_config(c: MAMLRLAlgorithmConfig, inner: InnerConfig) -> MAMLRLConfig:
+    """The :class:`MAMLRLConfig` of these settings, on the family's ``inner`` (rollouts,
+    discount)."""
+    return MAMLRLConfig(
+        num_post_rollouts=c.post_rollouts,
+        inner=dataclasses.replace(
+            inner, num_steps=c.inner_steps, lrs=(c.inner_lr,) * c.inner_steps
+        ),
+        estimator=c.estimator,
+        outer=c.outer,
+        trpo=TRPOConfig(c.max_kl, c.cg_iters, c.cg_damping, c.backtrack_ratio, c.max_backtracks),
+        ppo=PPOConfig(clip=c.ppo_clip, num_epochs=c.ppo_epochs),
+    )
+
+
+def evaluation_inner(c: MAMLRLAlgorithmConfig, inner: InnerConfig, num_steps: int) -> InnerConfig:
+    """``num_steps`` inner steps at the evaluation rates, ``eval_rollouts`` episodes each.
+
+    >>> c = MAMLRLAlgorithmConfig(eval_lrs=(0.1, 0.05))
+    >>> evaluation_inner(c, InnerConfig(), 3).lrs
+    (0.1, 0.05, 0.05)
+    """
+    rates = tuple(c.eval_lrs[min(i, len(c.eval_lrs) - 1)] for i in range(num_steps))
+    return dataclasses.replace(inner, num_steps=num_steps, lrs=rates, num_rollouts=c.eval_rollouts)
+
+
+@ALGORITHMS.register("maml_rl", MAMLRLAlgorithmConfig)
+def maml_rl(
+    objective: Objective, config: MAMLRLAlgorithmConfig | None = None, **overrides
+) -> MetaLearner:
+    """MAML-RL (Finn et al. 2017) on an RL task family's :class:`RLObjective`.
+
+    >>> from metalearn.models.base import model_from_flax
+    >>> from metalearn.rl.family import RLTasksConfig, rl_env
+    >>> from metalearn.rl.policy_model import GaussianMLP
+    >>> family = rl_env(RLTasksConfig(rollouts=2))
+    >>> model = model_from_flax(GaussianMLP((8,), 2), family.input_shape)
+    >>> learner = maml_rl(family.objective(model), post_rollouts=2, eval_rollouts=2)
+    >>> params, _ = model.init(jax.random.key(0))
+    >>> task = family.sample({}, jax.random.key(1), 1)
+    >>> ctx = TaskContext(0, 1, {}, jax.random.key(2))
+    >>> learner.evaluate(params, task, ctx, (0, 1, 3))["return"].shape
+    (3,)
+    """
+    c = with_config(MAMLRLAlgorithmConfig, config, overrides)
+    check_config(c)
+    if not isinstance(objective, RLObjective):
+        raise ValueError(
+            "algorithm=maml_rl needs a reinforcement-learning task family (data=nav2d, or "
+            "data=rl_env with data.env=NAME); this data has no environment"
+        )
+    env, policy_apply = objective.env, objective.policy_apply
+    cfg = meta_rl_config(c, objective.inner)
+
+    def init(key, model_params):
+        del key
+        return model_params
+
+    def task_grad(meta_params, task: Task, ctx: TaskContext):
+        batch = collect_task_batch(
+            env, policy_apply, meta_params, ctx.key, task.support, cfg.inner, cfg.num_post_rollouts
+        )
+        surrogate = lambda p: meta_surrogate(policy_apply, p, batch, cfg.inner, c.estimator)  # noqa: E731
+        grads = jax.grad(lambda p: -surrogate(p))(meta_params)
+        return grads, Aux(ctx.model_state, {"post_return": jnp.mean(episode_returns(batch.post))})
+
+    def batch_update(meta_params, opt_state, tasks: Task, keys, optimizer):
+        batch = collect_meta_batch(env, policy_apply, cfg, meta_params, keys, tasks.support)
+        return outer_update(policy_apply, cfg, meta_params, opt_state, optimizer, batch)
+
+    def evaluate(meta_params, task: Task, ctx: TaskContext, steps):
+        steps = tuple(int(s) for s in steps)
+        inner = evaluation_inner(c, objective.inner, max(steps))
+        returns = adaptation_returns(env, policy_apply, meta_params, ctx.key, task.query, inner)
+        return {"return": returns[jnp.asarray(steps)]}
+
+    def adapt(meta_params, support, ctx: TaskContext, inner_steps: int | None = None):
+        num = c.inner_steps if inner_steps is None else inner_steps
+        inner = evaluation_inner(c, objective.inner, num)
+        return sample_adaptation(env, policy_apply, meta_params, ctx.key, support, inner)[2]
+
+    return MetaLearner(init, task_grad, evaluate, adapt, batch_update)

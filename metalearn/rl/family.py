@@ -1,0 +1,133 @@
+"""Reinforcement-learning task families for the runner: ``data=nav2d`` (any registered env).
+
+A task is one draw of the environment's task distribution (a goal, a target velocity), put in
+both ``support`` and ``query`` of a :class:`~metalearn.data.task.Task`: the data an inner step
+adapts on and the data the adapted policy is judged on are rollouts, which the loss samples
+with the key it is given. The family's objective (:class:`RLObjective`) is the policy-gradient
+surrogate of ``rollouts`` episodes (minus the mean over valid steps of ``log pi(a|s) A`` with
+the linear baseline and normalised advantages: rllab's VPG, the inner step of Finn et al.),
+with the mean undiscounted episode ``return`` as the metric that selects the best parameters.
+So a generic algorithm (``algorithm=maml``) meta-trains it as it would any family;
+``algorithm=maml_rl`` (:mod:`metalearn.rl.algorithm`) reads the environment and the policy
+from the objective and takes Finn et al.'s TRPO step instead.
+
+Tasks of every split come from the environment's one distribution; held-out tasks are other
+draws of it (the evaluation's own key stream, ``eval.seed``). ``shots`` means nothing here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from metalearn.data.task import Aux, Task, TaskFamily
+from metalearn.models.base import Model
+from metalearn.registry import TASKS
+from metalearn.rl.baseline import advantages
+from metalearn.rl.envs.base import ENVS, Env, make_env
+from metalearn.rl.inner import InnerConfig, inner_surrogate
+from metalearn.rl.rollout import PolicyApply, episode_returns, rollouts
+
+
+@dataclasses.dataclass
+class RLTasksConfig:
+    """An environment's task distribution (``env``: a name registered in
+    :data:`metalearn.rl.envs.base.ENVS`); ``rollouts`` episodes per inner-step batch and per
+    loss evaluation; ``discount`` of the returns the advantages use."""
+
+    name: str = "rl_env"
+    env: str = "nav2d"
+    rollouts: int = InnerConfig.num_rollouts
+    discount: float = InnerConfig.discount
+
+
+class RLObjective(NamedTuple):
+    """An :class:`~metalearn.data.task.Objective` (the same fields first, so the runner and
+    the evaluation read it as one) that also carries what an RL algorithm samples with: the
+    environment, the policy as ``policy_apply(params, obs) -> (mean, log_std)`` and the
+    inner loop's settings (``inner.num_rollouts``, ``inner.discount``)."""
+
+    model: Model
+    loss: Callable
+    primary_metric: str
+    maximize: bool
+    gauss_newton: None
+    env: Env
+    policy_apply: PolicyApply
+    inner: InnerConfig
+
+
+def policy_of(model: Model, obs_dim: int) -> PolicyApply:
+    """``policy_apply(params, obs) -> (mean, log_std)`` of a stateless policy model; ValueError
+    unless the model returns such a pair (``model=gaussian_mlp`` does)."""
+    obs = jnp.zeros((1, obs_dim))
+
+    def outputs(key):
+        params, state = model.init(key)
+        return model.apply(params, state, None, obs, False)[0]
+
+    shapes = jax.eval_shape(outputs, jax.random.key(0))
+    if not (isinstance(shapes, tuple) and len(shapes) == 2):
+        raise ValueError(
+            "an RL task family needs a policy model that returns (mean, log_std) of its "
+            f"actions, got outputs {jax.tree.map(lambda s: s.shape, shapes)}; use "
+            "model=gaussian_mlp"
+        )
+    return lambda params, x: model.apply(params, {}, None, x, False)[0]
+
+
+def rl_objective(env: Env, config: RLTasksConfig) -> Callable[[Model], RLObjective]:
+    """The family's ``objective(model)``: the VPG surrogate and the mean episode return."""
+    inner = InnerConfig(num_rollouts=config.rollouts, discount=config.discount)
+
+    def objective(model: Model) -> RLObjective:
+        policy_apply = policy_of(model, env.obs_dim)
+
+        def loss(params, model_state, key, task, train=True):
+            del train
+            traj = rollouts(
+                env, policy_apply, jax.lax.stop_gradient(params), key, task, inner.num_rollouts
+            )
+            adv = advantages(traj, inner.discount, baseline=inner.baseline, normalize=True)
+            value = -inner_surrogate(policy_apply, params, traj, adv)
+            return value, Aux(model_state, {"return": jnp.mean(episode_returns(traj))})
+
+        return RLObjective(model, loss, "return", True, None, env, policy_apply, inner)
+
+    return objective
+
+
+@TASKS.register("rl_env", RLTasksConfig)
+def rl_env(config: RLTasksConfig | None = None) -> TaskFamily:
+    """The task family of the registered environment ``config.env``.
+
+    >>> family = rl_env(RLTasksConfig(env="nav2d"))
+    >>> task = family.sample(family.splits["train"], jax.random.key(0), 1)
+    >>> task.support.shape, family.input_shape, family.num_outputs
+    ((2,), (2,), 2)
+    """
+    c = config or RLTasksConfig()
+    if c.env not in ENVS:
+        raise ValueError(f"data.env must be one of {sorted(ENVS)}, got {c.env!r}")
+    if isinstance(c.rollouts, bool) or c.rollouts < 1:
+        raise ValueError(f"data.rollouts must be an integer >= 1, got {c.rollouts!r}")
+    if not 0.0 < c.discount <= 1.0:
+        raise ValueError(f"data.discount must be in (0, 1], got {c.discount!r}")
+    env = make_env(c.env)
+
+    def sample(split_arrays: Any, key: jax.Array, shots: int) -> Task:
+        del split_arrays, shots
+        task = jax.tree.map(lambda x: x[0], env.sample_tasks(key, 1))
+        return Task(support=task, query=task)
+
+    return TaskFamily(
+        splits={"train": {}, "val": {}, "test": {}},
+        sample=sample,
+        input_shape=(env.obs_dim,),
+        num_outputs=env.action_dim,
+        objective=rl_objective(env, c),
+    )

@@ -1,0 +1,164 @@
+"""MAML-RL through the Hydra runner: outputs, exact resume, sweeps, the baselines, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from metalearn.config import to_objects
+from metalearn.runner.checkpoints import CheckpointStore
+from metalearn.runner.experiment import build_experiment
+from metalearn.runner.loop import train_and_evaluate
+from metalearn.runner.steps import trained
+from tests.cli import RL_TINY, error_line, run_cli
+from tests.conftest import compose_config, restore_latest_state
+
+
+def rl_config(*overrides: str):
+    return to_objects(compose_config([*RL_TINY, *overrides]))
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory):
+    """One tiny run from the command line, as a user starts it: 4 meta-iterations of 2 tasks."""
+    run_dir = tmp_path_factory.mktemp("rl") / "run"
+    result = run_cli(*RL_TINY, "trainer.eval_every=0", f"hydra.run.dir={run_dir}", timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return run_dir
+
+
+def test_cli_run_writes_the_return_after_0_to_3_inner_steps(cli_run):
+    records = json.loads((cli_run / "eval.json").read_text())
+    assert [(r["metric"], r["steps"]) for r in records] == [("return", k) for k in range(4)]
+    # nav2d's reward is minus a distance within the unit square's reach: -1.5 to 0 per step.
+    assert all(r["tasks"] == 4 and -150.0 < r["mean"] < 0.0 and r["ci95"] > 0 for r in records)
+    lines = [json.loads(x) for x in (cli_run / "metrics.jsonl").read_text().splitlines()]
+    train = [x for x in lines if x["split"] == "train"]
+    assert [x["step"] for x in train] == [2, 4]
+    config = OmegaConf.load(cli_run / "config.yaml")
+    assert (config.algorithm.estimator, config.algorithm.outer) == ("lvc", "trpo")
+    # TRPO's accepted steps keep the KL bound.
+    assert all(0.0 <= x["train/kl"] <= config.algorithm.max_kl + 1e-6 for x in train)
+    assert all(np.isfinite(x["train/post_return"]) for x in train)
+    assert any((cli_run / "tensorboard").iterdir())
+    assert CheckpointStore(str(cli_run / "checkpoints"), 2).latest_step() == 4
+
+
+def test_resumed_run_equals_the_uninterrupted_one(cli_run, tmp_path):
+    cfg = rl_config("trainer.eval_every=0", "trainer.allow_changes=[trainer.meta_steps]")
+    train_and_evaluate(rl_config("trainer.eval_every=0", "trainer.meta_steps=2"), str(tmp_path))
+    train_and_evaluate(cfg, str(tmp_path))
+    straight = restore_latest_state(str(cli_run), cfg)
+    resumed = restore_latest_state(str(tmp_path), cfg)
+    assert int(straight.step) == int(resumed.step) == 4
+    for a, b in zip(jax.tree.leaves(straight), jax.tree.leaves(resumed), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert json.loads((tmp_path / "eval.json").read_text()) == json.loads(
+        (cli_run / "eval.json").read_text()
+    )
+
+
+def test_random_baseline_evaluates_the_initialisation_maml_starts_from(tmp_path):
+    cfg = rl_config("trainer.meta_steps=0")
+    summary = train_and_evaluate(cfg, str(tmp_path))
+    assert summary["step"] == 0 and not summary["interrupted"]
+    assert [r["steps"] for r in summary["eval"]] == [0, 1, 2, 3]
+    maml_start = build_experiment(rl_config()).initial_state
+    store = CheckpointStore(str(tmp_path / "best"), 1)
+    evaluated, metadata = store.restore_intact(trained(maml_start))
+    store.close()
+    assert metadata["step"] == 0
+    for a, b in zip(
+        jax.tree.leaves(evaluated.meta_params), jax.tree.leaves(maml_start.meta_params), strict=True
+    ):
+        np.testing.assert_array_equal(a, b)
+
+
+def _flat(experiment: str) -> dict:
+    composed = compose_config([f"+experiment={experiment}"])
+    return _flatten(OmegaConf.to_container(composed, resolve=True))
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def test_baselines_differ_from_maml_only_where_figure_5_says():
+    maml = _flat("rl_nav2d_maml")
+    # The paper's settings: 20 rollouts, inner rate 0.1, TRPO KL 0.01, meta-batch 20, horizon
+    # 100 (nav2d's own), 100 meta-iterations; evaluation after 0-3 inner steps.
+    paper = {
+        "data.env": "nav2d",
+        "data.rollouts": 20,
+        "algorithm.post_rollouts": 20,
+        "algorithm.inner_lr": 0.1,
+        "algorithm.inner_steps": 1,
+        "algorithm.max_kl": 0.01,
+        "algorithm.outer": "trpo",
+        "algorithm.estimator": "lvc",
+        "trainer.meta_batch_size": 20,
+        "trainer.meta_steps": 100,
+        "eval.steps": [0, 1, 2, 3],
+        "model.hidden_sizes": [100, 100],
+    }
+    assert {k: maml[k] for k in paper} == paper
+    for experiment, changed in [
+        ("rl_nav2d_pretrained", {"algorithm.inner_steps": 0}),
+        ("rl_nav2d_random", {"trainer.meta_steps": 0}),
+    ]:
+        flat = _flat(experiment)
+        diff = {k: flat[k] for k in flat if flat[k] != maml.get(k)}
+        assert diff == {**changed, "name": experiment, "run_name": experiment}, experiment
+
+
+def test_sweep_over_two_estimators(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    result = run_cli(
+        "-m",
+        *RL_TINY,
+        "trainer.meta_steps=2",
+        "algorithm.estimator=lvc,maml",
+        f"hydra.sweep.dir={sweep_dir}",
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    runs = sorted(p for p in sweep_dir.iterdir() if p.is_dir())
+    estimators = [OmegaConf.load(p / "config.yaml").algorithm.estimator for p in runs]
+    assert sorted(estimators) == ["lvc", "maml"]
+    for run in runs:
+        records = json.loads((run / "eval.json").read_text())
+        assert [r["steps"] for r in records] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    "overrides, fragments",
+    [
+        (["data.rollouts=-3"], ["data.rollouts must be an integer >= 1", "-3"]),
+        (["algorithm.post_rollouts=0"], ["algorithm.post_rollouts"]),
+        (["algorithm.estimator=reinforce"], ["algorithm.estimator", "dice", "reinforce"]),
+        (["algorithm.outer=sgd"], ["algorithm.outer", "trpo"]),
+        (["data.env=cartpole"], ["data.env", "nav2d", "cartpole"]),
+        (["model=mlp"], ["(mean, log_std)", "model=gaussian_mlp"]),
+    ],
+    ids=["rollouts", "post_rollouts", "estimator", "outer", "env", "model"],
+)
+def test_bad_rl_values_are_one_error_line(overrides, fragments, tmp_path):
+    result = run_cli(*RL_TINY, *overrides, f"hydra.run.dir={tmp_path / 'run'}", timeout=300)
+    error_line(result, *fragments)
+
+
+def test_maml_rl_on_supervised_data_is_one_error_line(tmp_path):
+    result = run_cli(
+        "+experiment=sinusoid_maml", "algorithm=maml_rl", f"hydra.run.dir={tmp_path / 'run'}"
+    )
+    error_line(result, "algorithm=maml_rl needs a reinforcement-learning task family")
