@@ -27,3 +27,34 @@ class Env(NamedTuple):
     obs_dim: int
     action_dim: int
     horizon: int
+
+
+# name -> factory building the environment (called when a run selects it, so a locomotion
+# environment's physics library is imported only by the runs that use it).
+ENVS: dict[str, Callable[[], Env]] = {}
+
+
+def register_env(name: str) -> Callable[[Callable[[], Env]], Callable[[], Env]]:
+    """Decorator: ``@register_env("nav2d")`` above a factory ``() -> Env``; ``data.env=NAME``
+    then selects it in a run (:mod:`metalearn.rl.family`)."""
+
+    def decorate(factory: Callable[[], Env]) -> Callable[[], Env]:
+        ENVS[name] = factory
+        return factory
+
+    return decorate
+
+
+def make_env(name: str) -> Env:
+    """The registered environment ``name``; ValueError naming the known ones otherwise.
+
+    >>> make_env("nav2d").horizon
+    100
+    >>> make_env("cartpole")
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown environment 'cartpole'; registered: ant_dir, cheetah_dir, cheetah_vel, nav2d
+    """
+    if name not in ENVS:
+        raise ValueError(f"unknown environment {name!r}; registered: {', '.join(sorted(ENVS))}")
+    return ENVS[name]()

@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from metalearn.rl.envs.base import Env
+from metalearn.rl.envs.base import Env, register_env
 
 HORIZON = 200
 BACKENDS = ("generalized", "positional", "spring", "mjx")
@@ -178,3 +178,11 @@ def env_dt(name: str, backend: str = DEFAULT_BACKEND) -> float:
     0.05
     """
     return float(brax_env(FAMILIES[name].robot, backend).dt)
+
+
+def _register(name: str) -> None:
+    register_env(name)(lambda: make_locomotion_env(name))
+
+
+for _name in FAMILIES:  # data.env=cheetah_dir etc.: the default backend, horizon 200
+    _register(_name)

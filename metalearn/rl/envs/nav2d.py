@@ -15,7 +15,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from metalearn.rl.envs.base import Env
+from metalearn.rl.envs.base import Env, register_env
 
 GOAL_LOW, GOAL_HIGH = -0.5, 0.5
 ACTION_BOUND = 0.1
@@ -77,3 +77,9 @@ NAV2D = Env(
     action_dim=2,
     horizon=HORIZON,
 )
+
+
+@register_env("nav2d")
+def nav2d() -> Env:
+    """Finn et al.'s 2D navigation (``data.env=nav2d``)."""
+    return NAV2D
