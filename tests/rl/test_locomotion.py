@@ -10,16 +10,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from metalearn.rl.envs import ENVS, make_env
-from metalearn.rl.envs.locomotion import (
+pytest.importorskip("brax", reason="the locomotion extra: pip install -e '.[locomotion]'")
+
+from metalearn.rl.envs import ENVS, make_env  # noqa: E402
+from metalearn.rl.envs.locomotion import (  # noqa: E402
     DEFAULT_BACKEND,
     brax_env,
     make_locomotion_env,
     sample_directions,
     sample_velocities,
 )
-from metalearn.rl.policy import init_policy, policy_apply
-from metalearn.rl.rollout import rollout
+from metalearn.rl.policy import init_policy, policy_apply  # noqa: E402
+from metalearn.rl.rollout import rollout  # noqa: E402
 
 STEPS = 6
 # The original (rllab) coefficients, written out again: control cost, survive bonus.

@@ -111,9 +111,14 @@ def brax_env(robot: str, backend: str) -> Any:
     """Brax's own environment object for ``robot`` on ``backend`` (its system, pipeline, dt)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    with warnings.catch_warnings():  # brax imports the unmaintained jaxopt
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from brax import envs
+    try:
+        with warnings.catch_warnings():  # brax imports the unmaintained jaxopt
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from brax import envs
+    except ImportError as err:
+        raise ImportError(
+            "the locomotion environments need Brax: pip install -e '.[locomotion]'"
+        ) from err
 
     return envs.get_environment(robot, backend=backend)
 
