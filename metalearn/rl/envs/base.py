@@ -53,7 +53,7 @@ def make_env(name: str) -> Env:
     >>> make_env("cartpole")
     Traceback (most recent call last):
     ...
-    ValueError: unknown environment 'cartpole'; registered: nav2d
+    ValueError: unknown environment 'cartpole'; registered: ant_dir, cheetah_dir, cheetah_vel, nav2d
     """
     if name not in ENVS:
         raise ValueError(f"unknown environment {name!r}; registered: {', '.join(sorted(ENVS))}")
