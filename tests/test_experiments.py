@@ -12,6 +12,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from metalearn.config import to_objects
+from metalearn.rl.envs.locomotion import FAMILIES as LOCOMOTION
 from metalearn.runner.loop import train_and_evaluate
 from tests.cli import RL_TINY
 from tests.conftest import EXPERIMENTS, compose_config
@@ -52,6 +53,8 @@ PARAMS = [e if e in DEFAULT else pytest.param(e, marks=pytest.mark.slow) for e i
 @pytest.mark.parametrize("experiment", PARAMS)
 def test_tiny_version_of_every_experiment_runs(experiment, tmp_path):
     cfg = to_objects(compose_config(tiny_overrides(experiment, str(tmp_path / "tfds"))))
+    if getattr(cfg.data, "env", None) in LOCOMOTION:
+        pytest.importorskip("brax", reason="locomotion needs: pip install 'metalearn[locomotion]'")
     workdir = tmp_path / "run"
     if cfg.data.name in IMAGE_SHAPES:
         with tfds.testing.mock_data(
