@@ -67,6 +67,20 @@ class Registry:
         return entry.factory(*args, **kwargs)
 
 
+def with_config(config_cls: type, config: Any, overrides: dict) -> Any:
+    """``config`` (default: ``config_cls()``) with ``overrides`` replaced: a factory's settings.
+
+    >>> @dataclasses.dataclass
+    ... class Demo:
+    ...     name: str = "demo"
+    ...     steps: int = 1
+    >>> with_config(Demo, None, {"steps": 3}).steps, with_config(Demo, Demo(steps=2), {}).steps
+    (3, 2)
+    """
+    config = config_cls() if config is None else config
+    return dataclasses.replace(config, **overrides) if overrides else config
+
+
 ALGORITHMS = Registry("algorithm")
 MODELS = Registry("model")
 TASKS = Registry("task distribution")

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's metalearn
-from metalearn.runner.sweeps import read_status  # noqa: E402
+from metalearn.runner.sweeps import read_status
 
 RECORD_COLUMNS = [
     "metric",

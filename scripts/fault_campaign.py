@@ -26,9 +26,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # this checkout's metalearn, also for the runs below
-
 CONFIG = [
     "+experiment=sinusoid_maml",
     "+debug=tiny",
@@ -50,7 +47,6 @@ def launch(run_dir: Path, log_path: Path) -> subprocess.Popen:
         [sys.executable, "-m", "metalearn.train", *CONFIG, f"hydra.run.dir={run_dir}"],
         stdout=log,
         stderr=subprocess.STDOUT,
-        cwd=ROOT,
     )
 
 

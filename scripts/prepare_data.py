@@ -20,10 +20,10 @@ from __future__ import annotations
 import sys
 import time
 
-from metalearn.data.cifar import CifarFs, Fc100
+from metalearn.data.cifar_builder import CifarFs, Fc100
 from metalearn.data.fewshot_builder import load_split_arrays
-from metalearn.data.miniimagenet import MiniImagenetRavi
-from metalearn.data.omniglot import OmniglotVinyals
+from metalearn.data.miniimagenet_builder import MiniImagenetRavi
+from metalearn.data.omniglot_builder import OmniglotVinyals
 from metalearn.data.sources import DataSourceError
 
 BUILDERS = {

@@ -15,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from metalearn.data.fewshot_builder import load_split_arrays
-from metalearn.data.omniglot import OmniglotVinyals
+from metalearn.data.omniglot_builder import OmniglotVinyals
 from metalearn.runner.rundir import saved_steps
 from tests.cli import OMNIGLOT_TINY, TINY, error_line, run_cli
 from tests.conftest import compose_config

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -11,6 +10,7 @@ import jax.numpy as jnp
 
 from metalearn.core import adapt_trajectory
 from metalearn.data.task import Aux, Objective, Task
+from metalearn.registry import with_config  # noqa: F401  (the algorithms' factories use it)
 
 PyTree = Any
 Metrics = dict[str, jax.Array]
@@ -75,17 +75,6 @@ class MetaLearner(NamedTuple):
     batch_update: Callable[..., tuple[PyTree, PyTree, Metrics]] | None = None
 
 
-def with_config(config_cls: type, config: Any, overrides: dict) -> Any:
-    """``config`` (default: ``config_cls()``) with ``overrides`` replaced: a factory's settings.
-
-    >>> from metalearn.algorithms.maml import MAMLConfig
-    >>> with_config(MAMLConfig, None, {"inner_steps": 3}).inner_steps
-    3
-    """
-    config = config_cls() if config is None else config
-    return dataclasses.replace(config, **overrides) if overrides else config
-
-
 # --- the task loss as core sees it ----------------------------------------------------------
 
 
@@ -130,16 +119,26 @@ def value_and_grad_of_query(objective: Objective, adapt_fn, task: Task, ctx: Tas
 
 
 # --- config checks: each raises ValueError naming the key, as ``algorithm.<key>`` -------------
+# A traced value (a rate the runner passes into compiled code as an argument, so that runs
+# differing only in it share the compilation) is skipped: it was checked when it was a number.
+
+
+def _traced(value) -> bool:
+    return isinstance(value, jax.core.Tracer)
 
 
 def check_positive(key: str, value: float) -> None:
     """``value > 0``."""
+    if _traced(value):
+        return
     if isinstance(value, bool) or not value > 0:
         raise ValueError(f"algorithm.{key} must be > 0, got {value!r}")
 
 
 def check_nonnegative(key: str, value: float) -> None:
     """``value >= 0``."""
+    if _traced(value):
+        return
     if isinstance(value, bool) or not value >= 0:
         raise ValueError(f"algorithm.{key} must be >= 0, got {value!r}")
 

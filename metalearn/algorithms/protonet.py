@@ -24,7 +24,13 @@ import jax
 import jax.numpy as jnp
 
 from metalearn.algorithms.base import MetaLearner, split_top_level, with_config
-from metalearn.data.task import Aux, Objective, Task, supervised_loss_and_metrics
+from metalearn.data.task import (
+    Aux,
+    Objective,
+    Task,
+    apply_to_batch,
+    supervised_loss_and_metrics,
+)
 from metalearn.registry import ALGORITHMS
 
 
@@ -129,10 +135,14 @@ def protonet(
     def logits_and_state(params, task: Task, ctx, train=True):
         _check_classification(task.support)
         _check_classification(task.query)
-        support_x, support_y, query_x = task.support[0], task.support[1], task.query[0]
+        support_y = task.support[1]
         num_classes = support_y.shape[0]  # static upper bound on the ways
-        support_embeddings, _ = model.embed(params, ctx.model_state, _key(ctx, 0), support_x, train)
-        query_embeddings, state = model.embed(params, ctx.model_state, _key(ctx, 1), query_x, train)
+        support_embeddings, _ = apply_to_batch(
+            model.embed, params, ctx.model_state, _key(ctx, 0), task.support, train
+        )
+        query_embeddings, state = apply_to_batch(
+            model.embed, params, ctx.model_state, _key(ctx, 1), task.query, train
+        )
         logits = prototypical_logits(support_embeddings, support_y, query_embeddings, num_classes)
         return logits, state
 
@@ -153,7 +163,7 @@ def protonet(
     def adapt_params(params, support, ctx, inner_steps=0):
         del inner_steps  # no inner loop
         _check_classification(support)
-        support_x, support_y = support[0], support[1]
+        support_y = support[1]
         head, _ = split_top_level(params, tuple(model.head))
         entry = head[model.head[0]] if len(head) == 1 else None
         if entry is None or set(entry) != {"kernel", "bias"} or entry["kernel"].ndim != 2:
@@ -162,7 +172,9 @@ def protonet(
                 "Dense entry with 'kernel' [dim, ways] and 'bias' [ways]"
             )
         num_classes = entry["kernel"].shape[1]
-        features, _ = model.embed(params, ctx.model_state, _key(ctx, 0), support_x, False)
+        features, _ = apply_to_batch(
+            model.embed, params, ctx.model_state, _key(ctx, 0), support, False
+        )
         protos, counts = class_prototypes(features, support_y, num_classes)
         bias = jnp.where(counts > 0, -jnp.sum(protos**2, axis=-1), -jnp.inf)
         return {**params, model.head[0]: {"kernel": 2.0 * protos.T, "bias": bias}}

@@ -32,8 +32,10 @@ maximum ways and shots, and each half is a :class:`WeightedBatch` ``(inputs, lab
   computes it (:func:`metalearn.data.task.supervised_loss_and_metrics`, on
   :mod:`metalearn.models.weighted_losses`).
 - ``labels`` of real examples are ``0..ways-1``; padding has label ``-1`` (so ``one_hot``-based
-  code such as class prototypes ignores it). Padding inputs are real images (never NaN), so a
-  model's forward pass on them is harmless; only the weights decide what counts.
+  code such as class prototypes ignores it). Padding inputs are real images (never NaN). The
+  supervised objective passes the real examples as the model's ``mask``, so batch
+  normalisation computes its statistics over them alone (a model whose batch statistics take
+  no mask is refused; :class:`metalearn.models.base.Model`): padding changes no real output.
 - The model's head has ``max_ways`` outputs (``num_outputs``); absent classes are never labels,
   and the supervised objective masks their logits to ``-inf``.
 - With a fixed number, ``ways_range=(5, 5)`` and ``shots=(1, 1)`` give all-ones weights.

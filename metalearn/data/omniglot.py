@@ -1,161 +1,59 @@
-"""Omniglot few-shot classification (Lake et al. 2015) in the Vinyals et al. (2016) split.
+"""The ``omniglot`` task family: N-way K-shot episodes of Omniglot in the Vinyals split.
 
-TFDS builder ``omniglot_vinyals``: the 1623 characters of the official archives, each a record
-of its 20 drawings resized from 105x105 to 28x28 grayscale with Lanczos (antialiased)
-filtering, as Finn et al.'s code does; splits ``train`` / ``val`` / ``test`` hold the
-1028 / 172 / 423 characters of ``splits/omniglot_vinyals_*.json``. Pixels are stored as in the
-source: 255 background, 0 ink.
-
-Sources: ``images_background.zip`` and ``images_evaluation.zip``. Offline, put both in a
-directory and pass it as ``data.manual_dir``: they are read from there directly, without
-checksum verification (rebuilt copies of the archives have other checksums but the same
-images). Online and without a manual directory, TFDS downloads the official archives
-(``dl_manager.download``, checked against ``metalearn/data/checksums.tsv``); the zips are read
-in place rather than extracted (TFDS's extractor needs TensorFlow). Preparing from the manual
-directory takes 7 to 11 s on 2 shared CPU cores (decoding and resizing 32,460 PNGs); the prepared
-dataset is 8.6 MB on disk, 26 MB in memory.
-
-Task distribution ``omniglot``: at load time the pixels are inverted (ink 1.0, background 0.0,
-as in Finn et al.'s code) and every character is rotated by each angle in ``rotations`` into
-distinct classes, so the default four rotations give 4112 / 688 / 1692 classes. Rotating at
-load time keeps the TFDS dataset faithful to the source and costs ~0.1 s.
+Inputs are 28x28x1 in [0, 1]. At load time the pixels are inverted (ink 1.0, background 0.0, as
+in Finn et al.'s code) and every character is rotated by each angle in ``rotations`` into
+distinct classes, so the default four rotations give 4112 / 688 / 1692 classes. Rotating at load
+time keeps the TFDS dataset (:mod:`metalearn.data.omniglot_builder`, imported when the family is
+built) faithful to the source and costs ~0.1 s.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 
-import numpy as np
-import tensorflow_datasets as tfds
+from metalearn.data.image_families import ImageEpisodesConfig, image_episodes
+from metalearn.data.task import TaskFamily
+from metalearn.registry import TASKS, with_config
 
-from metalearn.data.episodes import check_episode_settings, episode_distribution
-from metalearn.data.fewshot_builder import SPLITS, ClassSource, FewShotBuilder, load_split_arrays
-from metalearn.data.sources import (
-    DataSourceError,
-    ZipSource,
-    decode_image,
-    download,
-    split_json,
-)
-from metalearn.data.task import TaskDistribution
-from metalearn.registry import TASKS
-
-URL = "https://github.com/brendenlake/omniglot/tree/master/python"
-ARCHIVES = {"background": "images_background.zip", "evaluation": "images_evaluation.zip"}
-DOWNLOAD_URLS = {
-    subset: f"https://github.com/brendenlake/omniglot/raw/master/python/{name}"
-    for subset, name in ARCHIVES.items()
-}
-SIZE = (28, 28)
-
-
-class OmniglotVinyals(FewShotBuilder):
-    """Omniglot characters at 28x28 in the Vinyals split; one record per character."""
-
-    IMAGE_SHAPE = (*SIZE, 1)
-    DESCRIPTION = "Omniglot characters (28x28 grayscale, 20 per class) in the Vinyals split."
-    HOMEPAGE = "https://github.com/brendenlake/omniglot"
-    CITATION = """\
-@article{lake2015human, title={Human-level concept learning through probabilistic program
-  induction}, author={Lake, Brenden M and Salakhutdinov, Ruslan and Tenenbaum, Joshua B},
-  journal={Science}, volume={350}, number={6266}, pages={1332--1338}, year={2015}}"""
-    SOURCE_HINT = (
-        f"download images_background.zip and images_evaluation.zip from {URL} and put them in "
-        "one directory given as data.manual_dir"
-    )
-    MANUAL_DOWNLOAD_INSTRUCTIONS = SOURCE_HINT
-
-    def _split_generators(self, dl_manager: tfds.download.DownloadManager):
-        archives = self._archives(dl_manager)
-        index = {subset: _index_characters(archive) for subset, archive in archives.items()}
-        return {
-            split: self._generate_examples(self._split_classes(split, archives, index))
-            for split in SPLITS
-        }
-
-    def _archives(self, dl_manager) -> dict[str, ZipSource]:
-        manual_dir = self.manual_dir_or_none(dl_manager)
-        if manual_dir is not None:
-            paths = {s: os.path.join(manual_dir, name) for s, name in ARCHIVES.items()}
-            hint = f"download it from {URL} and put it in {manual_dir}"
-        else:
-            paths = download(dl_manager, DOWNLOAD_URLS, self.name, self.SOURCE_HINT)
-            hint = f"delete it and download again, or {self.SOURCE_HINT}"
-        return {s: ZipSource(os.fspath(p), self.name, hint) for s, p in paths.items()}
-
-    def _split_classes(self, split, archives, index) -> list[ClassSource]:
-        classes = []
-        for subset, alphabets in split_json(f"omniglot_vinyals_{split}.json").items():
-            archive = archives[subset]
-            for alphabet, characters in alphabets.items():
-                for character in characters:
-                    members = index[subset].get((alphabet, character))
-                    if not members:
-                        raise DataSourceError(
-                            f"{self.name}: character {alphabet}/{character} of the {split} "
-                            f"split is missing from {archive.path}; {archive.how_to_get}"
-                        )
-                    load = _character_loader(archive, members, self.name)
-                    classes.append((f"{alphabet}/{character}", load))
-        return classes
-
-
-def _index_characters(archive: ZipSource) -> dict[tuple[str, str], list[str]]:
-    """``{(alphabet, character): sorted PNG member names}`` of an Omniglot archive."""
-    index: dict[tuple[str, str], list[str]] = {}
-    for name in archive.files():
-        parts = name.split("/")
-        if len(parts) >= 3 and name.lower().endswith(".png"):
-            index.setdefault((parts[-3], parts[-2]), []).append(name)
-    return {key: sorted(names) for key, names in index.items()}
-
-
-def _character_loader(archive: ZipSource, members: list[str], dataset: str):
-    def load() -> np.ndarray:
-        return np.stack(
-            [
-                decode_image(
-                    archive.read(m),
-                    SIZE,
-                    "L",
-                    where=f"{archive.path}:{m}",
-                    dataset=dataset,
-                    how_to_get=archive.how_to_get,
-                )
-                for m in members
-            ]
-        )
-
-    return load
+ANGLES = (0, 90, 180, 270)
 
 
 @dataclasses.dataclass
-class OmniglotConfig:
+class OmniglotConfig(ImageEpisodesConfig):
+    """Omniglot episodes; ``manual_dir`` holds images_background.zip, images_evaluation.zip."""
+
     name: str = "omniglot"
-    ways: int = 5
-    num_queries: int = 15
-    ways_range: list[int] | None = None  # [lo, hi]: variable ways, padded to hi
-    shots_range: list[int] | None = None  # [lo, hi]: variable shots; trainer/eval shots = hi
-    rotations: tuple[int, ...] = (0, 90, 180, 270)
-    train_ways: int | None = None  # ways of training episodes; None: ways (see episodes.py)
-    data_dir: str | None = None  # TFDS data dir; None: $TFDS_DATA_DIR or ~/tensorflow_datasets
-    manual_dir: str | None = None  # holds images_background.zip, images_evaluation.zip
+    rotations: tuple[int, ...] = ANGLES
+
+
+def check_rotations(rotations) -> tuple[int, ...]:
+    """``rotations`` as a tuple of distinct angles out of 0, 90, 180, 270, or ValueError.
+
+    >>> check_rotations([0, 180])
+    (0, 180)
+    >>> check_rotations([0, 45])
+    Traceback (most recent call last):
+    ...
+    ValueError: data.rotations must be distinct angles out of 0, 90, 180, 270, got [0, 45]
+    """
+    angles = tuple(int(r) for r in rotations)
+    if not angles or len(set(angles)) != len(angles) or any(r not in ANGLES for r in angles):
+        raise ValueError(
+            f"data.rotations must be distinct angles out of 0, 90, 180, 270, got {list(angles)}"
+        )
+    return angles
+
+
+def _builder() -> type:
+    from metalearn.data.omniglot_builder import OmniglotVinyals
+
+    return OmniglotVinyals
 
 
 @TASKS.register("omniglot", OmniglotConfig)
-def omniglot(
-    *,
-    ways: int = 5,
-    num_queries: int = 15,
-    ways_range: list[int] | None = None,
-    shots_range: list[int] | None = None,
-    rotations: tuple[int, ...] = (0, 90, 180, 270),
-    train_ways: int | None = None,
-    data_dir: str | None = None,
-    manual_dir: str | None = None,
-) -> TaskDistribution:
-    """Omniglot N-way K-shot episodes (Vinyals split, rotations as classes, 28x28x1 in [0, 1]).
+def omniglot(config: OmniglotConfig | None = None, **overrides) -> TaskFamily:
+    """Omniglot N-way K-shot episodes (``config``: default :class:`OmniglotConfig`, with
+    ``overrides`` applied).
 
     Prepares the TFDS dataset ``omniglot_vinyals`` in ``data_dir`` on first use (from
     ``manual_dir`` when given, else by download). Example, with the archives at hand::
@@ -163,27 +61,8 @@ def omniglot(
         tasks = omniglot(ways=5, manual_dir="../shared/data/omniglot")
         task = tasks.sample(tasks.splits["train"], jax.random.key(0), 1)  # 5 support, 75 query
     """
-    check_episode_settings(ways, num_queries)
-    rotations = tuple(int(r) for r in rotations)
-    if (
-        not rotations
-        or len(set(rotations)) != len(rotations)
-        or any(r not in (0, 90, 180, 270) for r in rotations)
-    ):
-        raise ValueError(
-            f"data.rotations must be distinct angles out of 0, 90, 180, 270, got {list(rotations)}"
-        )
-    arrays = load_split_arrays(OmniglotVinyals, data_dir=data_dir, manual_dir=manual_dir)
-    arrays = {
-        split: a.map_images(lambda images: 255 - images).rotated(rotations)
-        for split, a in arrays.items()
-    }
-    return episode_distribution(
-        arrays,
-        ways=ways,
-        num_queries=num_queries,
-        dataset="omniglot",
-        ways_range=ways_range,
-        shots_range=shots_range,
-        train_ways=train_ways,
+    c = with_config(OmniglotConfig, config, overrides)
+    rotations = check_rotations(c.rotations)
+    return image_episodes(
+        c, _builder, lambda split: split.map_images(lambda images: 255 - images).rotated(rotations)
     )

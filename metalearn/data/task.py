@@ -181,6 +181,26 @@ def supervised_loss_and_metrics(kind: str, outputs: jax.Array, batch) -> tuple[j
     return mse, {"mse": mse}
 
 
+def real_examples(batch) -> jax.Array | None:
+    """The mask of a batch's real examples (bool ``[examples]``) for a :class:`WeightedBatch`,
+    None for a plain ``(inputs, targets)`` batch (every example real).
+
+    >>> real_examples(WeightedBatch(None, None, jnp.array([1.0, 0.0]))).tolist()
+    [True, False]
+    """
+    return batch.weights > 0 if isinstance(batch, WeightedBatch) else None
+
+
+def apply_to_batch(apply, params, model_state, key, batch, train=True):
+    """``apply(params, model_state, key, inputs, train)`` on a supervised batch's inputs; a
+    padded :class:`WeightedBatch` also passes ``mask`` (its real examples), so that batch
+    statistics ignore the padding (see :class:`~metalearn.models.base.Model`)."""
+    mask = real_examples(batch)
+    if mask is None:
+        return apply(params, model_state, key, batch[0], train)
+    return apply(params, model_state, key, batch[0], train, mask=mask)
+
+
 def supervised_objective(model: Model, kind: str) -> Objective:
     """Score ``model`` on ``(inputs, targets)`` batches: mean squared error (``"regression"``)
     or softmax cross-entropy with integer labels (``"classification"``). On a
@@ -204,7 +224,7 @@ def supervised_objective(model: Model, kind: str) -> Objective:
     _, _, primary, maximize = SUPERVISED[kind]
 
     def predict(params, model_state, key, batch, train=True):
-        return model.apply(params, model_state, key, batch[0], train)
+        return apply_to_batch(model.apply, params, model_state, key, batch, train)
 
     def loss(params, model_state, key, batch, train=True):
         outputs, new_state = predict(params, model_state, key, batch, train)

@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 
 PyTree = Any
-# apply(params, state, key, x, train) -> (outputs, new_state)
-Apply = Callable[[PyTree, PyTree, jax.Array, jax.Array, bool], tuple[jax.Array, PyTree]]
+# apply(params, state, key, x, train, mask=None) -> (outputs, new_state)
+Apply = Callable[..., tuple[jax.Array, PyTree]]
 
 # Flax's normalisation layers; a model adds its own through ``norm_layers``.
 NORM_LAYERS: tuple[type, ...] = (
@@ -30,6 +30,9 @@ NORM_LAYERS: tuple[type, ...] = (
     nn.RMSNorm,
     nn.InstanceNorm,
 )
+# Those that normalise each example on its own; any other normalisation layer is taken to mix
+# the examples of a batch (batch statistics), so padding must be masked out of it.
+PER_EXAMPLE_NORMS: tuple[type, ...] = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, nn.InstanceNorm)
 
 
 class Model(NamedTuple):
@@ -37,10 +40,12 @@ class Model(NamedTuple):
 
     - ``init(key) -> (params, state)``; ``state`` is a dict of mutable collections (``{}`` for
       a stateless model).
-    - ``apply(params, state, key, x, train=True) -> (outputs, new_state)``: in training mode the
-      mutable collections are updated (and returned); in evaluation mode (``train=False``) they
-      are read (e.g. running statistics) and returned unchanged. ``key`` feeds the model's
-      randomness (dropout); None for none.
+    - ``apply(params, state, key, x, train=True, mask=None) -> (outputs, new_state)``: in
+      training mode the mutable collections are updated (and returned); in evaluation mode
+      (``train=False``) they are read (e.g. running statistics) and returned unchanged. ``key``
+      feeds the model's randomness (dropout); None for none. ``mask`` (bool ``[batch]``, only
+      passed for padded batches) marks the real examples: batch statistics are computed over
+      them alone, so padding never changes a real example's output.
     - ``embed``: like ``apply``, returning the features before the head; None if not declared.
     - ``head``: the top-level parameter entries of the final layer (ANIL adapts only those;
       Prototypical Networks replace them).
@@ -79,24 +84,51 @@ def stateless(
     (Array([1., 1.], dtype=float32), {})
     """
 
-    def apply_fn(params, state, key, x, train=True):
-        del key, train
+    def apply_fn(params, state, key, x, train=True, mask=None):
+        del key, train, mask  # examples are independent: padding changes no real output
         return apply(params, x), state
 
     return Model(lambda key: (init(key), {}), apply_fn, **declared)
 
 
-def _takes_train(method: Callable) -> bool:
-    return "train" in inspect.signature(method).parameters
+def batch_moments(x: jax.Array, mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """Mean and biased variance of ``x`` over every axis but the last (channels), over the
+    examples ``mask`` marks (bool ``[batch]``; None: all of them, the plain means). Masked-out
+    examples never enter the result, whatever they hold.
+
+    >>> x = jnp.array([[1.0], [3.0], [1e9]])
+    >>> [m.tolist() for m in batch_moments(x, jnp.array([True, True, False]))]
+    [[2.0], [1.0]]
+    >>> [m.tolist() for m in batch_moments(x[:2])]
+    [[2.0], [1.0]]
+    """
+    axes = tuple(range(x.ndim - 1))
+    if mask is None:
+        mean = jnp.mean(x, axis=axes)
+        return mean, jnp.mean(jnp.square(x - mean), axis=axes)
+    keep = mask.reshape(mask.shape + (1,) * (x.ndim - 1))
+    count = jnp.maximum(jnp.sum(mask), 1) * (x[0].size // x.shape[-1])
+    mean = jnp.sum(jnp.where(keep, x, 0.0), axis=axes) / count
+    var = jnp.sum(jnp.where(keep, jnp.square(x - mean), 0.0), axis=axes) / count
+    return mean, var
 
 
-def _norm_paths(module: nn.Module, example: jax.Array, layers: tuple[type, ...]) -> frozenset:
-    """Parameter paths of the submodules of ``module`` that are instances of ``layers``."""
+def _takes(method: Callable, argument: str) -> bool:
+    return argument in inspect.signature(method).parameters
+
+
+def _norm_layers(
+    module: nn.Module, example: jax.Array, layers: tuple[type, ...]
+) -> tuple[frozenset, bool]:
+    """Parameter paths of the submodules of ``module`` that are instances of ``layers``, and
+    whether any of them uses batch statistics (is not one of :data:`PER_EXAMPLE_NORMS`)."""
     found: list[tuple[str, ...]] = []
+    batch_statistics = []
 
     def record(next_fun, args, kwargs, context):
         if isinstance(context.module, layers):
             found.append(tuple(context.module.path))
+            batch_statistics.append(not isinstance(context.module, PER_EXAMPLE_NORMS))
         return next_fun(*args, **kwargs)
 
     with nn.intercept_methods(record):
@@ -106,7 +138,7 @@ def _norm_paths(module: nn.Module, example: jax.Array, layers: tuple[type, ...])
         keys = tuple(str(p.key) for p in path)
         if any(keys[: len(prefix)] == prefix for prefix in found):
             names.add("/".join(keys))
-    return frozenset(names)
+    return frozenset(names), any(batch_statistics)
 
 
 def model_from_flax(
@@ -144,34 +176,45 @@ def model_from_flax(
     """
     parts = parts or ModelParts()
     example = jnp.zeros((1, *input_shape), jnp.float32)
-    train_arg = _takes_train(module.__call__)
-    embed_method = getattr(module, parts.embed) if parts.embed else None
-    embed_train_arg = embed_method is not None and _takes_train(embed_method)
-    norm_paths = _norm_paths(module, example, NORM_LAYERS + tuple(parts.norm_layers))
+    norm_paths, batch_statistics = _norm_layers(
+        module, example, NORM_LAYERS + tuple(parts.norm_layers)
+    )
 
     def init(key: jax.Array) -> tuple[PyTree, PyTree]:
         variables = dict(module.init(key, example))
         params = variables.pop("params", {})
         return params, variables
 
-    def call(method, takes_train: bool):
-        def apply(params, state, key, x, train=True):
+    def call(method_name: str | None):
+        method = getattr(module, method_name) if method_name else module.__call__
+        takes_train, takes_mask = _takes(method, "train"), _takes(method, "mask")
+
+        def apply(params, state, key, x, train=True, mask=None):
             variables = {"params": params, **state}
             rngs = {"dropout": key} if key is not None else {}
             kwargs = {"train": train} if takes_train else {}
+            if mask is not None and takes_mask:
+                kwargs["mask"] = mask
+            elif mask is not None and batch_statistics:
+                raise ValueError(
+                    f"{type(module).__name__} normalises over the batch but its "
+                    f"{method_name or '__call__'} takes no mask, so the padding of variable-way "
+                    "or variable-shot episodes would enter its batch statistics; give it a "
+                    "`mask` argument (as Conv4 and ResNet12 have) or use fixed ways and shots"
+                )
             if train and state:
                 outputs, updates = module.apply(
-                    variables, x, rngs=rngs, method=method, mutable=list(state), **kwargs
+                    variables, x, rngs=rngs, method=method_name, mutable=list(state), **kwargs
                 )
                 return outputs, {**state, **updates}
-            return module.apply(variables, x, rngs=rngs, method=method, **kwargs), state
+            return module.apply(variables, x, rngs=rngs, method=method_name, **kwargs), state
 
         return apply
 
     return Model(
         init=init,
-        apply=call(None, train_arg),
-        embed=call(parts.embed, embed_train_arg) if parts.embed else None,
+        apply=call(None),
+        embed=call(parts.embed) if parts.embed else None,
         head=(parts.head,) if parts.head else (),
         norm_paths=norm_paths,
         is_convolutional=parts.convolutional,

@@ -39,7 +39,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from metalearn.models.base import ModelParts
+from metalearn.models.base import ModelParts, batch_moments
 from metalearn.models.patch_conv import PatchConv
 from metalearn.registry import MODELS
 
@@ -65,7 +65,8 @@ class BatchStatNorm(nn.Module):
     """Batch normalisation with the current batch's statistics; a learnable ``bias`` and, with
     ``use_scale`` (the default), a learnable ``scale``.
 
-    Normalises over every axis but the last (channels). No running averages are kept.
+    Normalises over every axis but the last (channels), over the examples ``mask`` marks (all
+    when None; :func:`~metalearn.models.base.batch_moments`). No running averages are kept.
 
     >>> import jax, jax.numpy as jnp
     >>> x = jax.random.normal(jax.random.key(0), (8, 3, 3, 4)) * 5.0 + 2.0
@@ -78,12 +79,10 @@ class BatchStatNorm(nn.Module):
     use_scale: bool = True
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
         channels = x.shape[-1]
         bias = self.param("bias", nn.initializers.zeros, (channels,))
-        axes = tuple(range(x.ndim - 1))
-        mean = jnp.mean(x, axis=axes)
-        var = jnp.mean(jnp.square(x - mean), axis=axes)
+        mean, var = batch_moments(x, mask)
         inv = jax.lax.rsqrt(var + self.epsilon)
         if self.use_scale:
             inv = inv * self.param("scale", nn.initializers.ones, (channels,))
@@ -121,18 +120,19 @@ class Conv4(nn.Module):
         self.norms = [BatchStatNorm(use_scale=self.norm_scale) for _ in range(4)]
         self.head = nn.Dense(self.num_outputs)
 
-    def embed(self, x: jax.Array) -> jax.Array:
-        """Features before the head, ``[batch, features]``, for NHWC inputs ``x``."""
+    def embed(self, x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+        """Features before the head, ``[batch, features]``, for NHWC inputs ``x``; batch norm
+        over the examples ``mask`` marks (all when None)."""
         for conv, norm in zip(self.convs, self.norms, strict=True):
-            x = nn.relu(norm(conv(x)))
+            x = nn.relu(norm(conv(x), mask))
             if self.downsample == "maxpool":
                 x = nn.max_pool(x, (2, 2), strides=(2, 2), padding="VALID")
         if self.readout == "mean":
             return jnp.mean(x, axis=(1, 2))
         return x.reshape(x.shape[0], -1)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.head(self.embed(x))
+    def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+        return self.head(self.embed(x, mask))
 
 
 @dataclasses.dataclass

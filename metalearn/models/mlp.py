@@ -34,6 +34,15 @@ def kernel_initializer(name: str, std: float) -> Callable:
     raise ValueError(f"model.kernel_init must be one of {list(KERNEL_INITS)}, got {name!r}")
 
 
+@dataclasses.dataclass
+class MLPConfig:
+    name: str = "mlp"
+    hidden_sizes: tuple[int, ...] = (40, 40)
+    activation: str = "relu"
+    kernel_init: str = "lecun_normal"
+    kernel_std: float = 0.01
+
+
 class MLP(nn.Module):
     """Dense layers with an activation between them; the last layer is named ``head``.
 
@@ -45,9 +54,9 @@ class MLP(nn.Module):
 
     hidden_sizes: Sequence[int]
     num_outputs: int
-    activation: str = "relu"
-    kernel_init: str = "lecun_normal"
-    kernel_std: float = 0.01
+    activation: str = MLPConfig.activation  # defaults: MLPConfig, their one home
+    kernel_init: str = MLPConfig.kernel_init
+    kernel_std: float = MLPConfig.kernel_std
 
     def setup(self):
         init = kernel_initializer(self.kernel_init, self.kernel_std)
@@ -61,15 +70,6 @@ class MLP(nn.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.head(self.embed(x))
-
-
-@dataclasses.dataclass
-class MLPConfig:
-    name: str = "mlp"
-    hidden_sizes: tuple[int, ...] = (40, 40)
-    activation: str = "relu"
-    kernel_init: str = "lecun_normal"
-    kernel_std: float = 0.01
 
 
 @MODELS.register("mlp", MLPConfig, parts=ModelParts(head="head", embed="embed"))

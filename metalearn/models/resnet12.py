@@ -62,7 +62,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from metalearn.models.base import ModelParts
+from metalearn.models.base import ModelParts, batch_moments
 from metalearn.models.conv4 import READOUTS, resolve_conv
 from metalearn.models.dropblock import drop_block
 from metalearn.models.patch_conv import PatchConv
@@ -90,7 +90,8 @@ def ramped_rate(drop_rate: float, calls: jax.Array, ramp: int) -> jax.Array:
 class RunningBatchNorm(nn.Module):
     """Batch norm over every axis but the last, with running statistics in ``batch_stats``.
 
-    ``train``: normalise with the batch's mean and (biased) variance and, when ``batch_stats``
+    ``train``: normalise with the batch's mean and (biased) variance (over the examples ``mask``
+    marks, all when None) and, when ``batch_stats``
     is mutable, update ``mean`` and ``var`` as ``momentum * old + (1 - momentum) * batch``.
     Otherwise: normalise with the running statistics if ``running`` is true, else with the
     batch's, and leave them unchanged. Learnable ``scale`` (1) and ``bias`` (0).
@@ -111,7 +112,9 @@ class RunningBatchNorm(nn.Module):
     epsilon: float = 1e-5
 
     @nn.compact
-    def __call__(self, x: jax.Array, train: bool, running: bool) -> jax.Array:
+    def __call__(
+        self, x: jax.Array, train: bool, running: bool, mask: jax.Array | None = None
+    ) -> jax.Array:
         channels = x.shape[-1]
         scale = self.param("scale", nn.initializers.ones, (channels,))
         bias = self.param("bias", nn.initializers.zeros, (channels,))
@@ -120,26 +123,37 @@ class RunningBatchNorm(nn.Module):
         if not train and running:
             m, v = mean.value, var.value
         else:
-            axes = tuple(range(x.ndim - 1))
-            m = jnp.mean(x, axis=axes)
-            v = jnp.mean(jnp.square(x - m), axis=axes)
+            m, v = batch_moments(x, mask)
             if train and not self.is_initializing() and self.is_mutable_collection("batch_stats"):
                 mean.value = self.momentum * mean.value + (1.0 - self.momentum) * m
                 var.value = self.momentum * var.value + (1.0 - self.momentum) * v
         return (x - m) * (jax.lax.rsqrt(v + self.epsilon) * scale) + bias
 
 
+@dataclasses.dataclass
+class ResNet12Config:
+    name: str = "resnet12"
+    filters: tuple[int, ...] = (64, 160, 320, 640)
+    readout: str = "mean"  # mean (global average pool) | flatten (MetaOptNet's default)
+    drop_rate: float = 0.1  # dropout after blocks 1-2, DropBlock after blocks 3-4; 0 disables
+    dropblock_size: int = 5  # 5 on miniImageNet, 2 on CIFAR-FS / FC100 (MetaOptNet)
+    dropblock_ramp: int = 0  # > 0: DropBlock rate ramps linearly over this many training calls
+    conv: str = "auto"  # auto (im2col on CPU, xla elsewhere) | xla | im2col
+    eval_running_stats: bool = True  # evaluation mode: running statistics (False: the batch's)
+
+
 class ResNet12(nn.Module):
     """ResNet-12 with a dense ``head``; see the module docstring."""
 
     num_outputs: int
-    filters: Sequence[int] = (64, 160, 320, 640)
-    readout: str = "mean"
-    drop_rate: float = 0.1
-    dropblock_size: int = 5
-    dropblock_ramp: int = 0
-    conv: str = "auto"  # auto | xla | im2col
-    eval_running_stats: bool = True
+    # Defaults: ResNet12Config, their one home.
+    filters: Sequence[int] = ResNet12Config.filters
+    readout: str = ResNet12Config.readout
+    drop_rate: float = ResNet12Config.drop_rate
+    dropblock_size: int = ResNet12Config.dropblock_size
+    dropblock_ramp: int = ResNet12Config.dropblock_ramp
+    conv: str = ResNet12Config.conv
+    eval_running_stats: bool = ResNet12Config.eval_running_stats
 
     def setup(self):
         layer = PatchConv if resolve_conv(self.conv) == "im2col" else nn.Conv
@@ -163,16 +177,14 @@ class ResNet12(nn.Module):
                 "batch_stats", "dropblock_calls", lambda: jnp.zeros((), jnp.float32)
             )
 
-    def _norm(self, name: str, x: jax.Array, train: bool) -> jax.Array:
-        return getattr(self, name)(x, train, self.eval_running_stats)
-
-    def _block(self, k: int, x: jax.Array, train: bool) -> jax.Array:
-        conv, norm = (lambda i: getattr(self, f"block{k}_conv{i}")), f"block{k}_norm"
-        h = leaky_relu(self._norm(f"{norm}1", conv(1)(x), train))
-        h = leaky_relu(self._norm(f"{norm}2", conv(2)(h), train))
-        h = self._norm(f"{norm}3", conv(3)(h), train)
+    def _block(self, k: int, x: jax.Array, train: bool, mask: jax.Array | None) -> jax.Array:
+        conv = lambda i: getattr(self, f"block{k}_conv{i}")  # noqa: E731
+        norm = lambda name, h: getattr(self, name)(h, train, self.eval_running_stats, mask)  # noqa: E731
+        h = leaky_relu(norm(f"block{k}_norm1", conv(1)(x)))
+        h = leaky_relu(norm(f"block{k}_norm2", conv(2)(h)))
+        h = norm(f"block{k}_norm3", conv(3)(h))
         shortcut = getattr(self, f"block{k}_shortcut_conv")(x)
-        h = leaky_relu(h + self._norm(f"block{k}_shortcut_norm", shortcut, train))
+        h = leaky_relu(h + norm(f"block{k}_shortcut_norm", shortcut))
         return nn.max_pool(h, (2, 2), strides=(2, 2), padding="VALID")
 
     def _dropblock_rate(self, train: bool) -> float | jax.Array:
@@ -183,11 +195,12 @@ class ResNet12(nn.Module):
             calls.value = calls.value + 1.0
         return ramped_rate(self.drop_rate, calls.value, self.dropblock_ramp)
 
-    def embed(self, x: jax.Array, train: bool = False) -> jax.Array:
-        """Features before the head, ``[batch, features]``, for NHWC inputs ``x``."""
+    def embed(self, x: jax.Array, train: bool = False, mask: jax.Array | None = None) -> jax.Array:
+        """Features before the head, ``[batch, features]``, for NHWC inputs ``x``; batch norm
+        over the examples ``mask`` marks (all when None)."""
         rate = self._dropblock_rate(train)
         for k in BLOCKS:
-            x = self._block(k, x, train)
+            x = self._block(k, x, train, mask)
             if not train or self.drop_rate <= 0:
                 continue
             key = self.make_rng("dropout")
@@ -200,20 +213,10 @@ class ResNet12(nn.Module):
             return jnp.mean(x, axis=(1, 2))
         return x.reshape(x.shape[0], -1)
 
-    def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
-        return self.head(self.embed(x, train))
-
-
-@dataclasses.dataclass
-class ResNet12Config:
-    name: str = "resnet12"
-    filters: tuple[int, ...] = (64, 160, 320, 640)
-    readout: str = "mean"  # mean (global average pool) | flatten (MetaOptNet's default)
-    drop_rate: float = 0.1  # dropout after blocks 1-2, DropBlock after blocks 3-4; 0 disables
-    dropblock_size: int = 5  # 5 on miniImageNet, 2 on CIFAR-FS / FC100 (MetaOptNet)
-    dropblock_ramp: int = 0  # > 0: DropBlock rate ramps linearly over this many training calls
-    conv: str = "auto"  # auto (im2col on CPU, xla elsewhere) | xla | im2col
-    eval_running_stats: bool = True  # evaluation mode: running statistics (False: the batch's)
+    def __call__(
+        self, x: jax.Array, train: bool = False, mask: jax.Array | None = None
+    ) -> jax.Array:
+        return self.head(self.embed(x, train, mask))
 
 
 RESNET12_PARTS = ModelParts(

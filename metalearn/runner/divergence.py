@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from metalearn.runner.devices import replicated
 from metalearn.runner.evaluation import evaluation_keys
 from metalearn.runner.steps import Trained, make_eval_step
 
@@ -50,11 +51,12 @@ def divergence_advice(cfg: Any, exp: Any, train_arrays: Any, mesh: Any, good: Tr
         return "lower optimizer.lr or set optimizer.grad_clip_norm"
     steps = int(getattr(cfg.algorithm, "inner_steps", 1))
     probe = make_eval_step(
-        exp.learner, exp.tasks, steps=(0, steps), strategy=exp.task_batching, mesh=mesh
+        exp.learner_for, exp.tasks, steps=(0, steps), strategy=exp.task_batching, mesh=mesh
     )
     keys = evaluation_keys(cfg.eval.seed, "train", cfg.trainer.shots, PROBE_TASKS)
     try:
-        metrics = jax.device_get(probe(good, train_arrays, keys, cfg.trainer.shots))
+        hyper = replicated(exp.hyper, mesh)
+        metrics = jax.device_get(probe(good, train_arrays, keys, cfg.trainer.shots, hyper))
     except Exception:  # a diagnosis must never hide the error it explains
         return "lower algorithm.inner_lr or optimizer.lr, or set optimizer.grad_clip_norm"
     name = next((n for n in ("loss", "mse") if n in metrics), None)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from metalearn.algorithms.base import MetaLearner
@@ -16,6 +19,7 @@ from metalearn.runner.cpu_backend import auto_cpu_devices, usable_cores
 from metalearn.runner.steps import (
     TrainState,
     init_train_state,
+    make_meta_step,
     make_meta_train_step,
     resolve_steps_per_call,
     resolve_task_batching,
@@ -23,6 +27,20 @@ from metalearn.runner.steps import (
 
 # Streams derived from the run's seed; evaluation uses its own seed (EvalConfig.seed).
 TRAIN_STREAM, INIT_STREAM, MODEL_STREAM = 0, 1, 2
+
+
+class Hyper(NamedTuple):
+    """The values of a run that its compiled steps take as arguments rather than constants,
+    so that runs differing only in them (the seed, ``algorithm.inner_lr``, ``optimizer.lr``: a
+    sweep's usual axes) share one compiled program (and JAX's persistent compilation cache).
+
+    ``inner_lr`` is None for an algorithm without one (Prototypical Networks).
+    """
+
+    train_key: jax.Array  # tasks of step s: fold_in(train_key, s)
+    model_key: jax.Array  # model randomness of step s: fold_in(model_key, s)
+    inner_lr: jax.Array | None  # float32 scalar
+    lr: jax.Array  # float32 scalar: the outer learning rate (the peak of a schedule)
 
 
 class Experiment(NamedTuple):
@@ -36,6 +54,9 @@ class Experiment(NamedTuple):
     initial_state: TrainState
     train_key: jax.Array  # tasks of step s: fold_in(train_key, s)
     model_key: jax.Array  # model randomness of step s: fold_in(model_key, s)
+    hyper: Hyper  # the keys and rates above, as the compiled steps take them
+    learner_for: Callable[[Hyper], MetaLearner]  # the learner at hyper.inner_lr
+    optimizer_for: Callable[[Hyper], optax.GradientTransformation]  # ... at hyper.lr
 
     def meta_train_step(self, meta_steps: int, mesh=None):
         """This experiment's ``meta_train_step(state, tasks) -> (state, metrics)``."""
@@ -48,34 +69,72 @@ class Experiment(NamedTuple):
             mesh=mesh,
         )
 
+    def traced_meta_step(self, *, meta_steps: int, meta_batch_size: int, shots: int, mesh=None):
+        """``meta_step(state, train_arrays, hyper) -> (state, metrics)``: sample a meta-batch
+        on the device and update, with the keys and rates of ``hyper`` (a :class:`Hyper`, e.g.
+        ``self.hyper``) traced arguments, not constants; not yet jitted."""
 
-def learning_rate(cfg: OptimizerConfig, meta_steps: int) -> float | optax.Schedule:
+        def meta_step(state: TrainState, train_arrays: Any, hyper: Hyper):
+            train_step = make_meta_train_step(
+                self.learner_for(hyper),
+                self.optimizer_for(hyper),
+                meta_steps=meta_steps,
+                strategy=self.task_batching,
+                key=hyper.model_key,
+                mesh=mesh,
+            )
+            step = make_meta_step(
+                train_step,
+                self.tasks,
+                train_key=hyper.train_key,
+                meta_batch_size=meta_batch_size,
+                shots=shots,
+                mesh=mesh,
+            )
+            return step(state, train_arrays)
+
+        return meta_step
+
+
+def learning_rate(
+    cfg: OptimizerConfig, meta_steps: int, lr: float | jax.Array | None = None
+) -> float | jax.Array | optax.Schedule:
     """The outer learning rate or schedule: the one home of the outer schedule.
 
     ``constant`` (with an optional linear warm-up) or ``cosine`` (warm-up, then a cosine decay
     to ``lr * final_lr_fraction`` at ``meta_steps``). An algorithm may recommend a schedule in
     its config group (``conf/algorithm/mamlpp.yaml``); the experiment's ``optimizer`` decides.
+    ``lr`` (default ``cfg.lr``) may be a traced value (an argument of the compiled step).
 
     >>> schedule = learning_rate(OptimizerConfig(schedule="cosine", final_lr_fraction=0.01), 100)
     >>> round(float(schedule(0)), 8), round(float(schedule(100)), 8)
     (0.001, 1e-05)
     """
+    lr = cfg.lr if lr is None else lr
     if cfg.schedule == "cosine":
-        return optax.warmup_cosine_decay_schedule(
-            init_value=0.0 if cfg.warmup_steps else cfg.lr,
-            peak_value=cfg.lr,
-            warmup_steps=cfg.warmup_steps,
-            decay_steps=max(meta_steps, cfg.warmup_steps + 1),
-            end_value=cfg.lr * cfg.final_lr_fraction,
+        # optax.warmup_cosine_decay_schedule, spelled out: it compares peak_value with 0 in
+        # Python, which a traced rate cannot answer. Same arithmetic, same values.
+        decay_steps = max(meta_steps, cfg.warmup_steps + 1)
+        return optax.join_schedules(
+            [
+                optax.linear_schedule(0.0 if cfg.warmup_steps else lr, lr, cfg.warmup_steps),
+                optax.cosine_decay_schedule(
+                    lr, decay_steps - cfg.warmup_steps, alpha=cfg.final_lr_fraction
+                ),
+            ],
+            [cfg.warmup_steps],
         )
     if cfg.warmup_steps:
-        return optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps)
-    return cfg.lr
+        return optax.linear_schedule(0.0, lr, cfg.warmup_steps)
+    return lr
 
 
-def build_optimizer(cfg: OptimizerConfig, meta_steps: int) -> optax.GradientTransformation:
-    """The outer optimiser: adam | adamw | sgd at :func:`learning_rate`, optional clipping."""
-    lr = learning_rate(cfg, meta_steps)
+def build_optimizer(
+    cfg: OptimizerConfig, meta_steps: int, lr: float | jax.Array | None = None
+) -> optax.GradientTransformation:
+    """The outer optimiser: adam | adamw | sgd at :func:`learning_rate` (``lr``: default
+    ``cfg.lr``, may be traced), optional clipping."""
+    lr = learning_rate(cfg, meta_steps, lr)
     if cfg.name == "adam":
         base = optax.adam(lr)
     elif cfg.name == "adamw":
@@ -136,6 +195,26 @@ def build_experiment(cfg: Config) -> Experiment:
     state = init_train_state(learner, model, optimizer, jax.random.fold_in(root, INIT_STREAM))
     strategy = resolve_task_batching(cfg.trainer.task_batching, model)
     steps_per_call = resolve_steps_per_call(cfg.trainer.steps_per_call, model)
+    inner_lr = getattr(cfg.algorithm, "inner_lr", None)
+    train_key = jax.random.fold_in(root, TRAIN_STREAM)
+    model_key = jax.random.fold_in(root, MODEL_STREAM)
+    hyper = Hyper(
+        train_key,
+        model_key,
+        None if inner_lr is None else jnp.asarray(inner_lr, jnp.float32),
+        jnp.asarray(cfg.optimizer.lr, jnp.float32),
+    )
+
+    def learner_for(hyper: Hyper) -> MetaLearner:
+        if hyper.inner_lr is None:
+            return learner
+        return ALGORITHMS.build(
+            dataclasses.replace(cfg.algorithm, inner_lr=hyper.inner_lr), objective
+        )
+
+    def optimizer_for(hyper: Hyper) -> optax.GradientTransformation:
+        return build_optimizer(cfg.optimizer, cfg.trainer.meta_steps, hyper.lr)
+
     return Experiment(
         tasks,
         model,
@@ -145,8 +224,11 @@ def build_experiment(cfg: Config) -> Experiment:
         strategy,
         steps_per_call,
         state,
-        train_key=jax.random.fold_in(root, TRAIN_STREAM),
-        model_key=jax.random.fold_in(root, MODEL_STREAM),
+        train_key=train_key,
+        model_key=model_key,
+        hyper=hyper,
+        learner_for=learner_for,
+        optimizer_for=optimizer_for,
     )
 
 

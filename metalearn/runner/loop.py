@@ -29,7 +29,6 @@ from metalearn.runner.signals import Interrupted, StopRequest
 from metalearn.runner.steps import (
     all_finite,
     make_eval_step,
-    make_meta_step,
     make_multi_step,
     trained,
 )
@@ -73,20 +72,19 @@ class Runner:
         # A host copy: the first training call donates (deletes) the device buffers.
         self._initial_trained = jax.device_get(trained(self.exp.initial_state))
         self.splits = replicated(self.exp.tasks.splits, self.mesh)
-        meta_step = make_meta_step(
-            self.exp.meta_train_step(cfg.trainer.meta_steps, self.mesh),
-            self.exp.tasks,
-            train_key=self.exp.train_key,
+        # The seed's keys and the rates are arguments of the compiled steps, not constants.
+        self.hyper = replicated(self.exp.hyper, self.mesh)
+        self._meta_step = self.exp.traced_meta_step(
+            meta_steps=cfg.trainer.meta_steps,
             meta_batch_size=cfg.trainer.meta_batch_size,
             shots=cfg.trainer.shots,
             mesh=self.mesh,
         )
-        self._meta_step = meta_step
         self._compiled: dict[int, Any] = {}
         self.compile_seconds = 0.0
         self.pause_seconds = 0.0  # validation and checkpoint saves: with compiling, not in steps/s
         self._eval_step = make_eval_step(
-            self.exp.learner,
+            self.exp.learner_for,
             self.exp.tasks,
             steps=tuple(cfg.eval.steps),
             strategy=self.exp.task_batching,
@@ -95,7 +93,8 @@ class Runner:
 
     def eval_step(self, trained_params, split_arrays, keys, shots: int):
         """The jitted evaluation of the tasks drawn from ``keys`` (placed on every device)."""
-        return self._eval_step(trained_params, split_arrays, replicated(keys, self.mesh), shots)
+        keys = replicated(keys, self.mesh)
+        return self._eval_step(trained_params, split_arrays, keys, shots, self.hyper)
 
     def train_call(self, state, num_steps: int):
         """Run ``num_steps`` fused meta-steps; compiles (timed) on first use of a length.
@@ -105,14 +104,18 @@ class Runner:
         """
         arrays = self.splits["train"]
         if num_steps in self._compiled:
-            return self._compiled[num_steps](state, arrays)
+            return self._compiled[num_steps](state, arrays, self.hyper)
         start = time.perf_counter()
-        jitted = make_multi_step(self._meta_step, num_steps)
-        self._compiled[num_steps] = jitted.lower(state, arrays).compile()
-        result = jax.block_until_ready(self._compiled[num_steps](state, arrays))
+        self._compiled[num_steps] = self.lower(state, num_steps).compile()
+        result = jax.block_until_ready(self._compiled[num_steps](state, arrays, self.hyper))
         self.compile_seconds += time.perf_counter() - start
         log.info("compiled %d fused meta-step(s) in %.1f s", num_steps, time.perf_counter() - start)
         return result
+
+    def lower(self, state, num_steps: int) -> jax.stages.Lowered:
+        """The program of ``num_steps`` fused meta-steps from ``state``, lowered (not compiled)."""
+        jitted = make_multi_step(self._meta_step, num_steps)
+        return jitted.lower(state, self.splits["train"], self.hyper)
 
     def evaluate(
         self, trained_params, split: str, num_tasks: int, shots_list=None, on_chunk=None

@@ -279,13 +279,18 @@ def make_meta_step(
 
 
 def make_multi_step(meta_step: Callable, num_steps: int) -> Callable:
-    """Jit ``num_steps`` meta-steps fused by ``lax.scan``; metrics averaged over them."""
+    """Jit ``num_steps`` meta-steps fused by ``lax.scan``; metrics averaged over them.
 
-    def run(state: TrainState, train_arrays: PyTree):
+    ``meta_step(state, train_arrays, *args)``: ``args`` (e.g. the run's keys and rates, a
+    :class:`~metalearn.runner.experiment.Hyper`) are passed to every step, as arguments of the
+    compiled program rather than constants in it.
+    """
+
+    def run(state: TrainState, train_arrays: PyTree, *args):
         if num_steps == 1:
-            return meta_step(state, train_arrays)
+            return meta_step(state, train_arrays, *args)
         state, metrics = jax.lax.scan(
-            lambda s, _: meta_step(s, train_arrays), state, None, length=num_steps
+            lambda s, _: meta_step(s, train_arrays, *args), state, None, length=num_steps
         )
         return state, jax.tree_util.tree_map(lambda m: jnp.mean(m, axis=0), metrics)
 
@@ -293,28 +298,33 @@ def make_multi_step(meta_step: Callable, num_steps: int) -> Callable:
 
 
 def make_eval_step(
-    learner: MetaLearner,
+    learner: MetaLearner | Callable[[Any], MetaLearner],
     family: TaskFamily,
     *,
     steps: tuple[int, ...],
     strategy: str,
     mesh=None,
 ) -> Callable:
-    """Jitted ``(trained, split_arrays, keys, shots) -> {metric: [len(keys), len(steps)]}``.
+    """Jitted ``(trained, split_arrays, keys, shots, hyper=None) -> {metric: [len(keys),
+    len(steps)]}``.
 
     ``trained`` is a :class:`Trained` (meta-parameters and model state). Each task is sampled
-    from its key; its model key is ``fold_in(key, 1)``.
+    from its key; its model key is ``fold_in(key, 1)``. ``learner`` is a :class:`MetaLearner`,
+    or a function of ``hyper`` returning one (``Experiment.learner_for``), so that its rates
+    are arguments of the compiled step rather than constants.
     """
 
-    def per_task(trained: Trained, batch_and_keys: PyTree):
-        def one_task(task_and_key):
-            task, key = task_and_key
-            ctx = context(trained.model_state, key)
-            return learner.evaluate(trained.meta_params, task, ctx, steps)
+    def evaluate(trained: Trained, split_arrays, keys, shots, hyper=None):
+        meta_learner = learner if isinstance(learner, MetaLearner) else learner(hyper)
 
-        return map_over_tasks(one_task, batch_and_keys, strategy)
+        def per_task(trained: Trained, batch_and_keys: PyTree):
+            def one_task(task_and_key):
+                task, key = task_and_key
+                ctx = context(trained.model_state, key)
+                return meta_learner.evaluate(trained.meta_params, task, ctx, steps)
 
-    def evaluate(trained: Trained, split_arrays, keys, shots):
+            return map_over_tasks(one_task, batch_and_keys, strategy)
+
         batch = sample_tasks_from_keys(family, split_arrays, keys, shots)
         model_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
         if mesh is None or keys.shape[0] % mesh.size:

@@ -10,7 +10,8 @@ import pytest
 import tensorflow_datasets as tfds
 
 from metalearn.data import sources
-from metalearn.data.cifar import CifarFs, Fc100, cifarfs, fc100
+from metalearn.data.cifar import cifarfs, fc100
+from metalearn.data.cifar_builder import CifarFs, Fc100
 from metalearn.data.fewshot_builder import load_split_arrays
 from metalearn.data.sources import DataSourceError, split_json
 from tests.data.fake_sources import cifar_names, truncate, write_cifar

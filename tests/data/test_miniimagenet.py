@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from metalearn.data.fewshot_builder import load_split_arrays
-from metalearn.data.miniimagenet import MiniImagenetRavi, miniimagenet
+from metalearn.data.miniimagenet import miniimagenet
+from metalearn.data.miniimagenet_builder import MiniImagenetRavi
 from metalearn.data.sources import DataSourceError
 from tests.data.fake_sources import (
     mini_value,

@@ -13,7 +13,8 @@ import tensorflow_datasets as tfds
 
 from metalearn.data import sources
 from metalearn.data.fewshot_builder import load_split_arrays
-from metalearn.data.omniglot import OmniglotVinyals, omniglot
+from metalearn.data.omniglot import omniglot
+from metalearn.data.omniglot_builder import OmniglotVinyals
 from metalearn.data.sources import DataSourceError
 from tests.data.fake_sources import omniglot_value, truncate, write_omniglot
 
