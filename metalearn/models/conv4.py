@@ -89,6 +89,16 @@ class BatchStatNorm(nn.Module):
         return (x - mean) * inv + bias
 
 
+@dataclasses.dataclass
+class Conv4Config:
+    name: str = "conv4"
+    filters: int = 64
+    downsample: str = "stride"  # stride (Omniglot) | maxpool (miniImageNet)
+    readout: str = "mean"  # mean (Omniglot in Finn et al.'s code) | flatten (miniImageNet)
+    conv: str = "auto"  # auto (im2col on CPU, xla elsewhere) | xla | im2col
+    norm_scale: bool = True  # False: batch norm offsets only, as in Finn et al.'s code
+
+
 class Conv4(nn.Module):
     """Four [3x3 conv, batch-statistics norm, ReLU] blocks and a dense ``head``.
 
@@ -103,11 +113,11 @@ class Conv4(nn.Module):
 
     input_rank: ClassVar[int] = 3  # images [H, W, C]: build_model refuses other inputs
     num_outputs: int
-    filters: int = 64
-    downsample: str = "stride"
-    readout: str = "mean"
-    conv: str = "auto"  # auto | xla | im2col (see the module docstring)
-    norm_scale: bool = True  # False: batch norm with an offset only (Finn et al.'s code)
+    filters: int = Conv4Config.filters  # defaults: Conv4Config, their one home
+    downsample: str = Conv4Config.downsample
+    readout: str = Conv4Config.readout
+    conv: str = Conv4Config.conv
+    norm_scale: bool = Conv4Config.norm_scale
 
     def setup(self):
         stride = 2 if self.downsample == "stride" else 1
@@ -133,16 +143,6 @@ class Conv4(nn.Module):
 
     def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
         return self.head(self.embed(x, mask))
-
-
-@dataclasses.dataclass
-class Conv4Config:
-    name: str = "conv4"
-    filters: int = 64
-    downsample: str = "stride"  # stride (Omniglot) | maxpool (miniImageNet)
-    readout: str = "mean"  # mean (Omniglot in Finn et al.'s code) | flatten (miniImageNet)
-    conv: str = "auto"  # auto (im2col on CPU, xla elsewhere) | xla | im2col
-    norm_scale: bool = True  # False: batch norm offsets only, as in Finn et al.'s code
 
 
 CONV4_PARTS = ModelParts(
