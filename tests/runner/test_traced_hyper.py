@@ -62,12 +62,19 @@ def test_one_compilation_serves_runs_with_another_inner_lr(tmp_path):
     exactly the second run's own result."""
     first = runner(tmp_path, [])
     second = runner(tmp_path, ["algorithm.inner_lr=0.003", "seed=3", "optimizer.lr=0.02"])
-    step = make_multi_step(first._meta_step, 2)
+    traces = []
+
+    def counted_meta_step(*args):  # runs once per trace: a second trace is a recompilation
+        traces.append(None)
+        return first._meta_step(*args)
+
+    step = make_multi_step(counted_meta_step, 2)
     arrays = first.splits["train"]
     copy = lambda state: jax.tree_util.tree_map(jnp.copy, state)  # noqa: E731  (step donates)
     state_a, _ = step(copy(first.initial_state), arrays, first.hyper)
+    traced_once = len(traces)
     state_b, metrics_b = step(copy(second.initial_state), arrays, second.hyper)
-    assert step._cache_size() == 1
+    assert traced_once >= 1 and len(traces) == traced_once  # the second run traced nothing
     own_b, own_metrics_b = second.train_call(copy(second.initial_state), 2)
     for x, y in zip(
         jax.tree_util.tree_leaves(state_b), jax.tree_util.tree_leaves(own_b), strict=True
