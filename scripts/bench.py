@@ -285,13 +285,15 @@ def measure_ceiling(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def run_isolated(spec: dict[str, Any]) -> dict[str, Any]:
-    """Run one configuration in a child process (fresh compile caches and memory peaks)."""
+def run_isolated(spec: dict[str, Any], script: str = __file__) -> dict[str, Any]:
+    """Run one configuration in a child process (fresh compile caches and memory peaks):
+    ``script --row SPEC``, whose last JSON line on stdout is the row (``scripts/bench_rl.py``
+    runs its rows through this too)."""
     env = dict(os.environ)
     if not spec.get("compile_cache"):
         env.pop("JAX_COMPILATION_CACHE_DIR", None)
     proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--row", json.dumps(spec)],
+        [sys.executable, os.path.abspath(script), "--row", json.dumps(spec)],
         capture_output=True,
         text=True,
         env=env,

@@ -28,11 +28,12 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import bench  # scripts/bench.py: its child-process runner
 
 IMPLS = ("metalearn", "torch")
 
@@ -190,19 +191,7 @@ def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
 
 def run_isolated(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one implementation in a child process (its own compile and thread pools)."""
-    env = dict(os.environ)
-    env.pop("JAX_COMPILATION_CACHE_DIR", None)
-    proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--row", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-15:]
-        return {**spec, "error": f"exit {proc.returncode}: " + " | ".join(tail)}
-    return json.loads(lines[-1])
+    return bench.run_isolated(spec, script=__file__)
 
 
 def print_table(rows: list[dict[str, Any]], out=None) -> None:
