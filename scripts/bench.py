@@ -113,7 +113,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("unrolled", "rolled"),
         default="rolled",
         help="metalearn: threefry lowered as JAX does on CPU (rolled loop, the runner's) or "
-        "unrolled (metalearn.runner.cpu_backend.unroll_cpu_threefry; measured: no gain)",
+        "unrolled (bench_jax.unroll_cpu_threefry; measured: no gain)",
     )
     p.add_argument(
         "--steps-per-call",

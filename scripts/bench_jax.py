@@ -100,12 +100,7 @@ def start_devices(spec: dict[str, Any]) -> None:
     """Before JAX starts, as the runner does: the XLA:CPU devices (``cpu_devices: auto``, as
     ``cpu_devices_for`` decides for ``task_batching: auto``, or the count the spec names) and
     with ``threefry: unrolled``, the unrolled threefry lowering (measured: no gain)."""
-    from metalearn.runner.cpu_backend import (
-        auto_cpu_devices,
-        start_cpu_devices,
-        unroll_cpu_threefry,
-        usable_cores,
-    )
+    from metalearn.runner.cpu_backend import auto_cpu_devices, start_cpu_devices, usable_cores
 
     count = spec.get("cpu_devices", "auto")
     if count == "auto":
@@ -115,6 +110,29 @@ def start_devices(spec: dict[str, Any]) -> None:
     start_cpu_devices(int(count))
     if spec.get("threefry", "rolled") == "unrolled":
         unroll_cpu_threefry()
+
+
+def unroll_cpu_threefry() -> bool:
+    """Lower ``threefry2x32`` on CPU as straight-line code (JAX's GPU lowering); False if this
+    JAX has no such rule.
+
+    JAX lowers its random-number hash to a rolled loop on CPU (~350 small operations per
+    sinusoid meta-step). Unrolled, the bits are the same (tests/scripts/test_bench.py) and
+    every program traced afterwards in this process uses it, but the sinusoid step was not
+    faster (0.49 ms unrolled against 0.44 ms rolled, experiments/benchmarks/), so the library
+    does not use it: it re-registers a private JAX lowering, kept here for ``--threefry
+    unrolled``.
+    """
+    try:
+        from jax._src.interpreters import mlir
+        from jax._src.random import threefry2x32
+    except ImportError:  # a JAX without these private modules: keep its lowering
+        return False
+    rule = getattr(threefry2x32, "_threefry2x32_lowering_rule", None)
+    if rule is None:
+        return False
+    mlir.register_lowering(threefry2x32.threefry2x32_p, rule, platform="cpu")
+    return True
 
 
 def memory_stats() -> dict | None:

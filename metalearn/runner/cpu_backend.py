@@ -1,14 +1,10 @@
-"""XLA:CPU settings a run takes before JAX's first computation: devices, threads, lowerings.
+"""XLA:CPU settings a run takes before JAX's first computation: devices and threads.
 
 On a CPU, a meta-batch of convolutional tasks looped over by ``lax.map`` runs one task at a
 time, and one task's matrix products are too small to keep several cores busy. So for
 ``trainer.task_batching: auto`` the runner starts one XLA:CPU device per core, each on one
-thread, and splits the tasks across them (:mod:`metalearn.runner.devices`). And JAX lowers its
-random-number hash (threefry) to a rolled loop on CPU (~350 small operations per sinusoid
-meta-step); :func:`unroll_cpu_threefry` lowers it to straight-line code, as JAX does on GPUs:
-the same bits, fewer operations. Measured, it did not make the sinusoid step faster (0.49 ms
-unrolled against 0.44 ms rolled), so the runner does not use it; ``scripts/bench.py
---threefry unrolled`` does. Measured in experiments/benchmarks/.
+thread, and splits the tasks across them (:mod:`metalearn.runner.devices`). Measured in
+experiments/benchmarks/.
 """
 
 from __future__ import annotations
@@ -68,28 +64,4 @@ def start_cpu_devices(count: int) -> bool:
         return False
     if "xla_cpu_multi_thread_eigen" not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} {ONE_THREAD_PER_CPU_DEVICE}".strip()
-    return True
-
-
-def unroll_cpu_threefry() -> bool:
-    """Lower ``threefry2x32`` on CPU as straight-line code (JAX's GPU lowering); False if this
-    JAX has no such rule. Random bits are unchanged; every program traced afterwards in this
-    process uses it (checked in tests/runner/test_cpu_backend.py).
-
-    >>> import jax
-    >>> unroll_cpu_threefry()
-    True
-    >>> draw = jax.jit(lambda key: jax.random.uniform(key, (3,)))
-    >>> "while" in draw.lower(jax.random.key(0)).as_text()
-    False
-    """
-    try:
-        from jax._src.interpreters import mlir
-        from jax._src.random import threefry2x32
-    except ImportError:  # a JAX without these private modules: keep its lowering
-        return False
-    rule = getattr(threefry2x32, "_threefry2x32_lowering_rule", None)
-    if rule is None:
-        return False
-    mlir.register_lowering(threefry2x32.threefry2x32_p, rule, platform="cpu")
     return True

@@ -1,4 +1,4 @@
-"""XLA:CPU settings taken before JAX starts: devices per core, the unrolled threefry lowering."""
+"""XLA:CPU settings taken before JAX starts: devices per core, one thread each."""
 
 from __future__ import annotations
 
@@ -13,39 +13,7 @@ from metalearn.models.conv4 import Conv4Config
 from metalearn.models.mlp import MLPConfig
 from metalearn.runner.cpu_backend import auto_cpu_devices
 from metalearn.runner.experiment import cpu_devices_for
-from tests.cli import REPO, checkout_env
-
-SAME_BITS = """
-import jax, numpy as np
-from metalearn.runner.cpu_backend import unroll_cpu_threefry
-def draws(key):
-    a, b = jax.random.split(jax.random.fold_in(key, 7))
-    return jax.random.uniform(a, (1000,)), jax.random.normal(b, (5, 7)), jax.random.bits(b, (9,))
-key = jax.random.key(3)
-rolled = jax.jit(lambda k: draws(k))
-assert " while" in rolled.lower(key).compile().as_text()
-before = jax.device_get(rolled(key))
-assert unroll_cpu_threefry()
-unrolled = jax.jit(lambda k: draws(k))
-assert " while" not in unrolled.lower(key).compile().as_text()
-after = jax.device_get(unrolled(key))
-for x, y in zip(before, after, strict=True):
-    np.testing.assert_array_equal(x, y)
-print("same bits")
-"""
-
-
-def test_unrolled_threefry_draws_the_same_bits_without_a_loop():
-    result = subprocess.run(
-        [sys.executable, "-c", SAME_BITS],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-        env=checkout_env(),
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "same bits" in result.stdout
+from tests.cli import checkout_env
 
 
 @pytest.mark.parametrize(

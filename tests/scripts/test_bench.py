@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import checkout_env
+
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 FIELDS = {
     "case", "impl", "device", "ms_per_step", "compile_s", "peak_mem_mb", "peak_mem_kind",
@@ -117,3 +119,36 @@ def test_command_line_isolated(tmp_path):
     assert [r["impl"] for r in rows] == impls.split(",")
     for row in rows:
         check_row(row, row["impl"])
+
+
+SAME_BITS = """
+import jax, numpy as np
+from bench_jax import unroll_cpu_threefry
+def draws(key):
+    a, b = jax.random.split(jax.random.fold_in(key, 7))
+    return jax.random.uniform(a, (1000,)), jax.random.normal(b, (5, 7)), jax.random.bits(b, (9,))
+key = jax.random.key(3)
+rolled = jax.jit(lambda k: draws(k))
+assert " while" in rolled.lower(key).compile().as_text()
+before = jax.device_get(rolled(key))
+assert unroll_cpu_threefry()
+unrolled = jax.jit(lambda k: draws(k))
+assert " while" not in unrolled.lower(key).compile().as_text()
+after = jax.device_get(unrolled(key))
+for x, y in zip(before, after, strict=True):
+    np.testing.assert_array_equal(x, y)
+print("same bits")
+"""
+
+
+def test_unrolled_threefry_draws_the_same_bits_without_a_loop():
+    result = subprocess.run(
+        [sys.executable, "-c", SAME_BITS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=SCRIPTS,  # bench_jax is imported from scripts/, metalearn from this checkout
+        env=checkout_env(),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "same bits" in result.stdout
