@@ -140,9 +140,23 @@ def test_sweep_over_two_estimators(tmp_path):
         assert [r["steps"] for r in records] == [0, 1, 2, 3]
 
 
+def test_data_horizon_sets_the_episode_length():
+    """data.horizon=7 shortens every rollout the run samples; 0 keeps the environment's own."""
+    from metalearn.rl.rollout import rollouts
+
+    short = build_experiment(rl_config("data.horizon=7")).objective
+    own = build_experiment(rl_config()).objective
+    assert (short.env.horizon, own.env.horizon) == (7, 100)
+    params, _ = short.model.init(jax.random.key(0))
+    task = short.env.sample_tasks(jax.random.key(1), 1)[0]
+    traj = rollouts(short.env, short.policy_apply, params, jax.random.key(2), task, 3)
+    assert traj.rewards.shape == (3, 7)
+
+
 @pytest.mark.parametrize(
     "overrides, fragments",
     [
+        (["data.horizon=-1"], ["data.horizon must be an integer >= 0", "-1"]),
         (["data.rollouts=-3"], ["data.rollouts must be an integer >= 1", "-3"]),
         (["algorithm.post_rollouts=0"], ["algorithm.post_rollouts"]),
         (["algorithm.estimator=reinforce"], ["algorithm.estimator", "dice", "reinforce"]),
@@ -150,7 +164,7 @@ def test_sweep_over_two_estimators(tmp_path):
         (["data.env=cartpole"], ["data.env", "nav2d", "cartpole"]),
         (["model=mlp"], ["(mean, log_std)", "model=gaussian_mlp"]),
     ],
-    ids=["rollouts", "post_rollouts", "estimator", "outer", "env", "model"],
+    ids=["horizon", "rollouts", "post_rollouts", "estimator", "outer", "env", "model"],
 )
 def test_bad_rl_values_are_one_error_line(overrides, fragments, tmp_path):
     result = run_cli(*RL_TINY, *overrides, f"hydra.run.dir={tmp_path / 'run'}", timeout=300)
