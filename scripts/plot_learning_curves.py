@@ -1,9 +1,13 @@
 """Learning curves from one or more runs' metrics.jsonl, as a PNG.
 
     python scripts/plot_learning_curves.py RUN_DIR [RUN_DIR ...] --out curves.png
+    python scripts/plot_learning_curves.py RL_RUN --metrics pre_return,post_return
 
-Left: the training metric (query loss after adaptation) per logged step. Right: the validation
-metric at the training shot count, one line per number of inner steps, with its 95% CI band.
+Left: the training metrics (the query loss after adaptation; for MAML-RL e.g. the return
+before and after the inner step) per logged step, all of them or those ``--metrics`` names.
+Right: the validation metric at the training shot count, one line per number of inner steps,
+with its 95% CI band. An axis is logarithmic when every value on it is positive (losses),
+linear otherwise (returns).
 """
 
 from __future__ import annotations
@@ -40,15 +44,35 @@ def read_metrics(run_dir: Path) -> tuple[dict[str, list], dict[tuple, list]]:
     return train, val
 
 
-def plot(run_dirs: list[Path], out: Path) -> None:
+def axis_scale(values: list[float]) -> str:
+    """``"log"`` when every value is positive (a loss), else ``"linear"`` (e.g. returns).
+
+    >>> axis_scale([0.5, 0.1]), axis_scale([-40.0, -4.0]), axis_scale([])
+    ('log', 'linear', 'linear')
+    """
+    return "log" if values and min(values) > 0 else "linear"
+
+
+def plot(run_dirs: list[Path], out: Path, metrics: list[str] | None = None) -> None:
     fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(11, 4))
+    train_values, val_values = [], []
     for run_dir in run_dirs:
         train, val = read_metrics(run_dir)
+        missing = sorted(set(metrics or ()) - set(train))
+        if missing:
+            raise ValueError(
+                f"{run_dir} logged no training metric {', '.join(missing)}; "
+                f"it has: {', '.join(sorted(train))}"
+            )
         for metric, points in train.items():
+            if metrics and metric not in metrics:
+                continue
             steps, values = zip(*points, strict=True)
+            train_values += values
             ax_train.plot(steps, values, label=f"{run_dir.name}: {metric}")
         for (metric, shots, inner), points in sorted(val.items()):
             steps, means, cis = zip(*points, strict=True)
+            val_values += means
             line = ax_val.plot(
                 steps,
                 means,
@@ -58,8 +82,8 @@ def plot(run_dirs: list[Path], out: Path) -> None:
             low = [m - c for m, c in zip(means, cis, strict=True)]
             high = [m + c for m, c in zip(means, cis, strict=True)]
             ax_val.fill_between(steps, low, high, color=line.get_color(), alpha=0.2)
-    ax_train.set(title="training (query set after adaptation)", xlabel="meta-step", yscale="log")
-    ax_val.set(title="validation (mean, 95% CI)", xlabel="meta-step", yscale="log")
+    ax_train.set(title="training", xlabel="meta-step", yscale=axis_scale(train_values))
+    ax_val.set(title="validation (mean, 95% CI)", xlabel="meta-step", yscale=axis_scale(val_values))
     for ax in (ax_train, ax_val):
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
@@ -71,10 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dirs", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=Path("learning_curves.png"))
+    parser.add_argument(
+        "--metrics", help="training metrics to draw, comma-separated (default: all logged)"
+    )
     args = parser.parse_args(argv)
+    metrics = [m for m in args.metrics.split(",") if m] if args.metrics else None
     try:
-        plot(args.run_dirs, args.out)
-    except FileNotFoundError as err:
+        plot(args.run_dirs, args.out, metrics)
+    except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"wrote {args.out}")

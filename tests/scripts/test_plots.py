@@ -66,3 +66,28 @@ def test_rl_returns_figure_and_table_from_run_directories(tmp_path):
     )
     bad = run_script("plot_rl_returns.py", str(maml), str(tmp_path / "missing"))
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "eval.json" in bad.stderr
+
+
+def test_rl_training_curves_on_a_linear_axis_and_a_named_metric(tmp_path):
+    run = tmp_path / "rl"
+    run.mkdir()
+    lines = [
+        {"split": "train", "step": s, "train/pre_return": -40.0 + s, "train/post_return": -30.0}
+        for s in (1, 2, 3)
+    ]
+    lines.append(
+        {
+            "split": "val",
+            "step": 3,
+            "eval": [{"metric": "return", "shots": 1, "steps": 1, "mean": -20.0, "ci95": 2.0}],
+        }
+    )
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "curves.png"
+    args = ["--metrics", "pre_return,post_return", "--out", str(out)]
+    result = run_script("plot_learning_curves.py", str(run), *args)
+    assert result.returncode == 0, result.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = run_script("plot_learning_curves.py", str(run), "--metrics", "reward")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ")
+    assert "no training metric reward" in bad.stderr and "post_return" in bad.stderr
