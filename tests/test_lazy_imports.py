@@ -1,5 +1,5 @@
-"""TensorFlow Datasets (and TensorFlow) are imported only when an image dataset is built: never
-by ``import metalearn``, the algorithms, the runner, or a whole sinusoid run."""
+"""TensorFlow Datasets (and TensorFlow) and PIL are imported only when an image dataset is built:
+never by ``import metalearn``, the algorithms, the runner, or a whole sinusoid run."""
 
 import subprocess
 import sys
@@ -7,7 +7,7 @@ import textwrap
 
 from tests.cli import checkout_env
 
-HEAVY = ("tensorflow_datasets", "tensorflow")
+HEAVY = ("tensorflow_datasets", "tensorflow", "PIL")
 
 
 def run_python(code: str, tmp_path) -> str:

@@ -22,7 +22,6 @@ from typing import Any
 from urllib.parse import urlparse
 
 import numpy as np
-from PIL import Image
 
 # What reading a damaged archive or image can raise.
 READ_ERRORS = (zipfile.BadZipFile, tarfile.TarError, zlib.error, EOFError, OSError, ValueError)
@@ -175,6 +174,7 @@ def decode_image(
     Resizing uses Lanczos filtering (antialiased); an image already at ``size`` is untouched.
     Returns uint8 with a trailing channel axis, e.g. (28, 28, 1) for ``mode="L"``.
 
+    >>> from PIL import Image
     >>> png = io.BytesIO()
     >>> Image.new("L", (105, 105), 255).save(png, format="PNG")
     >>> image = decode_image(png.getvalue(), (28, 28), "L", where="x.png", dataset="demo",
@@ -182,6 +182,8 @@ def decode_image(
     >>> image.shape, int(image.min())
     ((28, 28, 1), 255)
     """
+    from PIL import Image  # imported by the image datasets' preparation only
+
     try:
         with Image.open(io.BytesIO(data)) as image:
             image = image.convert(mode)
