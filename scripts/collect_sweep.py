@@ -29,11 +29,12 @@ RECORD_COLUMNS = [
     "mean",
     "ci95",
     "median",
+    "change",
     "diverged",
     "nonfinite",
     "tasks",
 ]
-NOT_SHOWN = {"run", "median_ci95"}  # the median's interval stays in eval.json
+NOT_SHOWN = {"run", "median_ci95", "change_ci95"}  # these intervals stay in eval.json
 
 
 def run_overrides(run_dir: Path) -> dict[str, str]:

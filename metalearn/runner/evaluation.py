@@ -104,6 +104,21 @@ def summarize(
     return {"mean": mean, "ci95": None if math.isnan(ci95) else ci95, **record}
 
 
+def paired_change(after: np.ndarray, before: np.ndarray) -> dict:
+    """``{"change": mean, "change_ci95": half-width}`` of ``after - before`` over the tasks
+    where both are finite (``None`` when no task or only one is).
+
+    >>> paired_change(np.array([-10.0, -50.0, -90.0]), np.array([-12.0, -51.0, -93.0]))
+    {'change': 2.0, 'change_ci95': 1.1316...}
+    """
+    diff = np.asarray(after, np.float64) - np.asarray(before, np.float64)
+    diff = diff[np.isfinite(diff)]
+    if diff.size == 0:
+        return {"change": None, "change_ci95": None}
+    mean, ci95 = mean_and_ci95(diff)
+    return {"change": mean, "change_ci95": None if math.isnan(ci95) else ci95}
+
+
 def evaluation_keys(seed: int, split: str, shots: int, num_tasks: int) -> jax.Array:
     """The fixed keys of ``num_tasks`` evaluation tasks of one split and shot count."""
     key = jax.random.fold_in(jax.random.key(seed), SPLIT_TAGS[split])
@@ -129,8 +144,13 @@ def evaluate_split(
 
     Records look like ``{"metric": "mse", "shots": 5, "steps": 10, "mean": ..., "ci95": ...,
     "median": ..., "median_ci95": [lo, hi], "nonfinite": 0, "diverged": 0, "tasks": 600}``
-    (see :func:`summarize`), with ``"ways"`` added when ``ways`` is given. ``objective`` (any
-    object with ``primary_metric`` and ``maximize``, e.g. :class:`metalearn.data.task.Objective`)
+    (see :func:`summarize`), with ``"ways"`` added when ``ways`` is given. When ``steps`` has 0,
+    a record after k > 0 steps also has ``"change"`` and ``"change_ci95"``: the mean over tasks
+    of each task's value after k steps minus its own value before adaptation, and its 95% CI
+    (a paired interval: much narrower than the two records' own intervals when tasks differ
+    more from each other than adaptation moves them, as RL returns do; :func:`paired_change`).
+    ``objective`` (any object with ``primary_metric`` and ``maximize``, e.g.
+    :class:`metalearn.data.task.Objective`)
     says which metric is a loss: its primary metric when it is minimised. That metric's column
     at 0 steps (when ``steps`` has 0) is the loss before adaptation that finite blow-ups are
     measured against; for every other metric only non-finite tasks count as diverged.
@@ -162,12 +182,15 @@ def evaluate_split(
             if name == loss_metric and 0 in steps:
                 before = values[:, list(steps).index(0)]
             maximized = name == objective.primary_metric and objective.maximize
+            unadapted = values[:, list(steps).index(0)] if 0 in steps else None
             for column, num_steps in enumerate(steps):
                 record = {"metric": name, "shots": int(shots), "steps": int(num_steps)}
                 if ways is not None:
                     record["ways"] = int(ways)
                 summary = summarize(values[:, column], before, lower_is_better=not maximized)
                 record.update(summary, tasks=int(num_tasks))
+                if unadapted is not None and num_steps != 0:
+                    record.update(paired_change(values[:, column], unadapted))
                 if record["diverged"]:
                     log.warning(
                         "%s: %d of %d tasks diverged, %d of them non-finite (%s, %d shots, "
@@ -203,6 +226,10 @@ def format_record(record: dict) -> str:
     ...     "ci95": 0.03, "median": 0.21, "median_ci95": [0.19, 0.23], "nonfinite": 1,
     ...     "diverged": 2, "tasks": 600}))
     mse shots=5 steps=10: 0.3500 ± 0.0300, median 0.2100 [0.1900, 0.2300] (2 of 600 tasks diverged, 1 non-finite)
+    >>> print(format_record({"metric": "return", "shots": 1, "steps": 1, "mean": -17.0,
+    ...     "ci95": 7.7, "nonfinite": 0, "diverged": 0, "tasks": 40, "change": 3.2,
+    ...     "change_ci95": 1.1}))
+    return shots=1 steps=1: -17.0000 ± 7.7000, change from 0 steps +3.2000 ± 1.1000
     """  # noqa: E501
     ways = f"ways={record['ways']} " if "ways" in record else ""
     head = f"{record['metric']} {ways}shots={record['shots']} steps={record['steps']}"
@@ -215,6 +242,11 @@ def format_record(record: dict) -> str:
             "n/a" if b is None else f"{b:.4f}" for b in record.get("median_ci95", [None, None])
         )
         median = f", median {record['median']:.4f} [{bounds}]"
+    if record.get("change") is not None:
+        change_ci = record.get("change_ci95")
+        median += f", change from 0 steps {record['change']:+.4f}" + (
+            f" ± {change_ci:.4f}" if change_ci is not None else ""
+        )
     diverged = record.get("diverged", record["nonfinite"])
     tail = ""
     if diverged:

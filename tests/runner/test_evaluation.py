@@ -198,3 +198,37 @@ def test_evaluate_split_counts_a_finite_blow_up_against_the_step_zero_column():
     # An objective that maximises its primary metric declares no loss: only non-finite counts.
     maximized = run(SimpleNamespace(primary_metric="nll", maximize=True))
     assert all(r["diverged"] == 0 for r in maximized)
+
+
+def test_change_from_zero_steps_is_the_paired_mean_and_interval():
+    """Tasks spread far apart (RL returns of different goals) and each moved a little: the
+    paired change and its interval, not the difference of two wide intervals."""
+
+    def spread(meta_params, split_arrays, keys, shots):
+        level = 100.0 * jax.vmap(jax.random.normal)(keys)  # differs a lot between tasks
+        gain = 2.0 + 0.5 * jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, 1)))(keys)
+        return {"return": jnp.stack([level, level + gain, level + 2 * gain], axis=1)}
+
+    records = evaluate_split(
+        spread,
+        None,
+        None,
+        split="test",
+        seed=3,
+        shots_list=[1],
+        steps=[0, 1, 2],
+        num_tasks=50,
+        tasks_per_call=25,
+        ways=None,
+        objective=SimpleNamespace(primary_metric="return", maximize=True),
+    )
+    keys = evaluation_keys(3, "test", 1, 50)
+    noise = jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, 1)))(keys)
+    gain = np.asarray(2.0 + 0.5 * noise)
+    assert "change" not in records[0]
+    for r, k in zip(records[1:], (1, 2), strict=True):
+        mean, ci95 = mean_and_ci95(k * gain)
+        assert r["change"] == pytest.approx(mean, rel=1e-4)
+        assert r["change_ci95"] == pytest.approx(ci95, rel=1e-3)
+        assert r["change_ci95"] < r["ci95"] / 50  # the returns' own intervals are ~100 wide
+    assert "change from 0 steps +" in format_record(records[1])

@@ -37,6 +37,7 @@ def test_tiny_run_writes_every_output(tmp_path):
         (s, k) for s in (5, 10, 20) for k in (0, 1)
     }
     for r in records:
+        paired = {"change", "change_ci95"} if r["steps"] else set()  # after k > 0 steps
         assert set(r) == {
             "metric",
             "shots",
@@ -48,6 +49,7 @@ def test_tiny_run_writes_every_output(tmp_path):
             "tasks",
             "nonfinite",
             "diverged",
+            *paired,
         }
         assert r["metric"] == "mse" and r["tasks"] == 4
     assert os.listdir(tmp_path / "tensorboard")
