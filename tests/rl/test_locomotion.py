@@ -151,4 +151,3 @@ def test_vmap_over_tasks_equals_a_loop_and_jits():
                 getattr(batched, field)[i], getattr(single, field), rtol=1e-4, atol=1e-5
             )
     assert np.all(np.isfinite(np.asarray(batched.obs)))
-
