@@ -112,8 +112,6 @@ def rl_env(config: RLTasksConfig | None = None) -> TaskFamily:
     >>> task = family.sample(family.splits["train"], jax.random.key(0), 1)
     >>> task.support.shape, family.input_shape, family.num_outputs
     ((2,), (2,), 2)
-    >>> rl_env(RLTasksConfig(env="nav2d", horizon=20)).objective(None).env.horizon
-    20
     """
     c = config or RLTasksConfig()
     if c.env not in ENVS:
