@@ -7,7 +7,8 @@ With ``--from-checkpoints``, reads the meta-parameters saved in RUN_DIR/checkpoi
 ``--every`` steps (train with ``trainer.keep_checkpoints`` large enough to keep them all);
 otherwise re-trains the run (its ``config.yaml``, with any overrides such as ``seed=1`` or
 ``model.kernel_init=truncated_normal``) exactly as the runner does, in a temporary directory.
-At step 0 and every ``--every`` steps it evaluates ``--tasks`` fixed validation tasks with
+At step 0 and every ``--every`` steps it evaluates ``--tasks`` fixed validation tasks (or, with
+``--split test``, the evaluation's own test tasks, to explain its diverged ones) with
 ``--shots`` support points:
 
 - ``lam0``: the top Hessian eigenvalue of the support loss at the meta-learned parameters
@@ -18,7 +19,8 @@ At step 0 and every ``--every`` steps it evaluates ``--tasks`` fixed validation 
 - the share of tasks where each exceeds 2/alpha, the step size's stability threshold for
   gradient descent on a quadratic (|1 - alpha lam| > 1);
 - ``diverged``: tasks whose query MSE after the inner steps has blown up, as the evaluation
-  records count them (``metalearn.runner.evaluation.summarize``);
+  records count them (``metalearn.runner.evaluation.summarize``), and ``diverged_tasks``: each
+  one's index and its ``lam0``, ``lam1`` and ``lam_traj`` in units of 2/alpha;
 - the median query MSE after the inner steps.
 
 Writes one JSON object per checkpoint (a list) to ``--out`` and prints a line per checkpoint.
@@ -40,7 +42,7 @@ from omegaconf import OmegaConf
 from metalearn import adapt_trajectory, top_hessian_eigenvalue
 from metalearn.algorithms.base import context, inner_loss, query_loss
 from metalearn.config import to_objects
-from metalearn.runner.evaluation import evaluation_keys, summarize
+from metalearn.runner.evaluation import DIVERGENCE_FACTOR, evaluation_keys, summarize
 from metalearn.runner.loop import Runner
 from metalearn.runner.steps import sample_tasks_from_keys, trained
 
@@ -100,6 +102,19 @@ def summarize_probe(step: int, out: dict, threshold: float) -> dict:
         row[f"{name}_above"] = float(np.mean(lam > threshold))
     row["diverged"] = after["diverged"]
     row["median_mse_after"] = after["median"]
+    # Which tasks blew up, and how sharp their support loss was (in units of 2/alpha).
+    floor = np.median(out["before"])
+    blown = np.flatnonzero(
+        ~np.isfinite(out["after"])
+        | (out["after"] > DIVERGENCE_FACTOR * np.maximum(out["before"], floor))
+    )
+    row["diverged_tasks"] = [
+        {
+            "task": int(i),
+            **{name: float(out[name][i] / threshold) for name in ("lam0", "lam1", "lam_traj")},
+        }
+        for i in blown
+    ]
     return row
 
 
@@ -109,6 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=10000)
     parser.add_argument("--tasks", type=int, default=200)
     parser.add_argument("--shots", type=int, default=5)
+    parser.add_argument(
+        "--split",
+        choices=("val", "test"),
+        default="val",
+        help="whose tasks (test: to explain an evaluation's diverged tasks, never to choose)",
+    )
     parser.add_argument("--inner-steps", type=int, default=10)
     parser.add_argument("--lanczos-iters", type=int, default=30)
     parser.add_argument("--out", required=True)
@@ -132,8 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         runner = Runner(cfg, args.run_dir if args.from_checkpoints else scratch)
         probe = make_probe(runner.exp.objective, alpha, args.inner_steps, args.lanczos_iters)
-        keys = evaluation_keys(cfg.eval.seed, "val", args.shots, args.tasks)
-        tasks = sample_tasks_from_keys(runner.exp.tasks, runner.splits["val"], keys, args.shots)
+        keys = evaluation_keys(cfg.eval.seed, args.split, args.shots, args.tasks)
+        tasks = sample_tasks_from_keys(
+            runner.exp.tasks, runner.splits[args.split], keys, args.shots
+        )
         probe_key = jax.random.key(cfg.eval.seed)
         state = runner.initial_state
         for step in range(0, cfg.trainer.meta_steps + 1, args.every):
