@@ -42,7 +42,7 @@ from omegaconf import OmegaConf
 from metalearn import adapt_trajectory, top_hessian_eigenvalue
 from metalearn.algorithms.base import context, inner_loss, query_loss
 from metalearn.config import to_objects
-from metalearn.runner.evaluation import DIVERGENCE_FACTOR, evaluation_keys, summarize
+from metalearn.runner.evaluation import diverged_mask, evaluation_keys, summarize
 from metalearn.runner.loop import Runner
 from metalearn.runner.steps import sample_tasks_from_keys, trained
 
@@ -103,11 +103,7 @@ def summarize_probe(step: int, out: dict, threshold: float) -> dict:
     row["diverged"] = after["diverged"]
     row["median_mse_after"] = after["median"]
     # Which tasks blew up, and how sharp their support loss was (in units of 2/alpha).
-    floor = np.median(out["before"])
-    blown = np.flatnonzero(
-        ~np.isfinite(out["after"])
-        | (out["after"] > DIVERGENCE_FACTOR * np.maximum(out["before"], floor))
-    )
+    blown = np.flatnonzero(diverged_mask(out["after"], out["before"]))
     row["diverged_tasks"] = [
         {
             "task": int(i),

@@ -64,6 +64,27 @@ def _finite_or_none(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
+def diverged_mask(
+    values: np.ndarray, before: np.ndarray | None = None, *, lower_is_better: bool = True
+) -> np.ndarray:
+    """Per task, whether it diverged (the rule above): its value is not finite or, for a loss
+    with ``before`` given, above ``DIVERGENCE_FACTOR`` times ``max(before, median(before))``.
+
+    >>> diverged_mask(np.array([0.2, 40.0, np.nan, 31.0]), np.array([3.0, 3.0, 3.0, 0.01])).tolist()
+    [False, True, True, True]
+    """
+    values = np.asarray(values, dtype=np.float64)
+    finite = np.isfinite(values)
+    blown = ~finite
+    if before is not None and lower_is_better:
+        before = np.asarray(before, dtype=np.float64)
+        finite_before = before[np.isfinite(before)]
+        floor = np.median(finite_before) if finite_before.size else np.inf
+        with np.errstate(invalid="ignore"):
+            blown |= finite & (values > DIVERGENCE_FACTOR * np.maximum(before, floor))
+    return blown
+
+
 def summarize(
     values: np.ndarray, before: np.ndarray | None = None, *, lower_is_better: bool = True
 ) -> dict:
@@ -83,13 +104,7 @@ def summarize(
     values = np.asarray(values, dtype=np.float64)
     finite = np.isfinite(values)
     nonfinite = int(values.size - finite.sum())
-    blown = ~finite
-    if before is not None and lower_is_better:
-        before = np.asarray(before, dtype=np.float64)
-        finite_before = before[np.isfinite(before)]
-        floor = np.median(finite_before) if finite_before.size else np.inf
-        with np.errstate(invalid="ignore"):
-            blown |= finite & (values > DIVERGENCE_FACTOR * np.maximum(before, floor))
+    blown = diverged_mask(values, before, lower_is_better=lower_is_better)
     worst = np.inf if lower_is_better else -np.inf
     median, lo, hi = median_and_ci95(np.where(np.isnan(values), worst, values))
     record = {
@@ -178,11 +193,9 @@ def evaluate_split(
             for name in chunks[0]
         }
         for name, values in sorted(per_task.items()):
-            before = None
-            if name == loss_metric and 0 in steps:
-                before = values[:, list(steps).index(0)]
-            maximized = name == objective.primary_metric and objective.maximize
             unadapted = values[:, list(steps).index(0)] if 0 in steps else None
+            before = unadapted if name == loss_metric else None
+            maximized = name == objective.primary_metric and objective.maximize
             for column, num_steps in enumerate(steps):
                 record = {"metric": name, "shots": int(shots), "steps": int(num_steps)}
                 if ways is not None:
@@ -242,9 +255,10 @@ def format_record(record: dict) -> str:
             "n/a" if b is None else f"{b:.4f}" for b in record.get("median_ci95", [None, None])
         )
         median = f", median {record['median']:.4f} [{bounds}]"
+    change = ""
     if record.get("change") is not None:
         change_ci = record.get("change_ci95")
-        median += f", change from 0 steps {record['change']:+.4f}" + (
+        change = f", change from 0 steps {record['change']:+.4f}" + (
             f" ± {change_ci:.4f}" if change_ci is not None else ""
         )
     diverged = record.get("diverged", record["nonfinite"])
@@ -253,7 +267,7 @@ def format_record(record: dict) -> str:
         tail = (
             f" ({diverged} of {record['tasks']} tasks diverged, {record['nonfinite']} non-finite)"
         )
-    return f"{head}: {record['mean']:.4f}{ci}{median}{tail}"
+    return f"{head}: {record['mean']:.4f}{ci}{median}{change}{tail}"
 
 
 def check_shot_counts(
