@@ -106,11 +106,39 @@ def batch_moments(x: jax.Array, mask: jax.Array | None = None) -> tuple[jax.Arra
     if mask is None:
         mean = jnp.mean(x, axis=axes)
         return mean, jnp.mean(jnp.square(x - mean), axis=axes)
-    keep = mask.reshape(mask.shape + (1,) * (x.ndim - 1))
-    count = jnp.maximum(jnp.sum(mask), 1) * (x[0].size // x.shape[-1])
+    keep, count = _kept(x, mask)
     mean = jnp.sum(jnp.where(keep, x, 0.0), axis=axes) / count
     var = jnp.sum(jnp.where(keep, jnp.square(x - mean), 0.0), axis=axes) / count
     return mean, var
+
+
+def batch_covariance(
+    x: jax.Array, mask: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array]:
+    """Mean ``[c]`` and biased covariance ``[c, c]`` of the last axis of ``x`` over every other
+    axis, over the examples ``mask`` marks, as :func:`batch_moments` (whose variance is this
+    covariance's diagonal).
+
+    >>> x = jnp.array([[1.0, 2.0], [3.0, 6.0], [1e9, 0.0]])
+    >>> [m.tolist() for m in batch_covariance(x, jnp.array([True, True, False]))]
+    [[2.0, 4.0], [[1.0, 2.0], [2.0, 4.0]]]
+    """
+    channels = x.shape[-1]
+    if mask is None:
+        mean = jnp.mean(x, axis=tuple(range(x.ndim - 1)))
+        centered = (x - mean).reshape(-1, channels)
+        return mean, centered.T @ centered / centered.shape[0]
+    keep, count = _kept(x, mask)
+    mean = jnp.sum(jnp.where(keep, x, 0.0), axis=tuple(range(x.ndim - 1))) / count
+    centered = x - mean
+    kept = jnp.where(keep, centered, 0.0).reshape(-1, channels)
+    return mean, kept.T @ centered.reshape(-1, channels) / count
+
+
+def _kept(x: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``mask`` broadcastable against ``x``, and the number of kept entries per channel."""
+    keep = mask.reshape(mask.shape + (1,) * (x.ndim - 1))
+    return keep, jnp.maximum(jnp.sum(mask), 1) * (x[0].size // x.shape[-1])
 
 
 def _takes(method: Callable, argument: str) -> bool:

@@ -39,8 +39,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from metalearn.models.base import ModelParts, batch_moments
-from metalearn.models.patch_conv import PatchConv
+from metalearn.models.base import ModelParts, batch_covariance, batch_moments
+from metalearn.models.patch_conv import PatchConv, PatchProduct
 from metalearn.registry import MODELS
 
 DOWNSAMPLING = ("stride", "maxpool")
@@ -68,6 +68,12 @@ class BatchStatNorm(nn.Module):
     Normalises over every axis but the last (channels), over the examples ``mask`` marks (all
     when None; :func:`~metalearn.models.base.batch_moments`). No running averages are kept.
 
+    ``x`` may also be a :class:`~metalearn.models.patch_conv.PatchProduct` (a convolution with
+    fewer patch channels than outputs, not yet evaluated): its mean and variance then come from
+    the patches' mean and covariance, and the normalised output is one product of the centred
+    patches with the kernel scaled per channel. The values are the same; the convolution's bias
+    drops out of a batch-normalised output either way (its gradient is then exactly zero).
+
     >>> import jax, jax.numpy as jnp
     >>> x = jax.random.normal(jax.random.key(0), (8, 3, 3, 4)) * 5.0 + 2.0
     >>> y, _ = BatchStatNorm().init_with_output(jax.random.key(1), x)
@@ -79,13 +85,17 @@ class BatchStatNorm(nn.Module):
     use_scale: bool = True
 
     @nn.compact
-    def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+    def __call__(self, x: jax.Array | PatchProduct, mask: jax.Array | None = None) -> jax.Array:
         channels = x.shape[-1]
         bias = self.param("bias", nn.initializers.zeros, (channels,))
+        scale = self.param("scale", nn.initializers.ones, (channels,)) if self.use_scale else 1.0
+        if isinstance(x, PatchProduct):
+            mean, cov = batch_covariance(x.patches, mask)
+            var = jnp.einsum("ko,kl,lo->o", x.kernel, cov, x.kernel)
+            inv = jax.lax.rsqrt(var + self.epsilon) * scale
+            return PatchProduct(x.patches - mean, x.kernel * inv, bias).value()
         mean, var = batch_moments(x, mask)
-        inv = jax.lax.rsqrt(var + self.epsilon)
-        if self.use_scale:
-            inv = inv * self.param("scale", nn.initializers.ones, (channels,))
+        inv = jax.lax.rsqrt(var + self.epsilon) * scale
         return (x - mean) * inv + bias
 
 
@@ -123,8 +133,13 @@ class Conv4(nn.Module):
         stride = 2 if self.downsample == "stride" else 1
         init = nn.initializers.xavier_uniform()
         layer = PatchConv if resolve_conv(self.conv) == "im2col" else nn.Conv
+        # im2col: a layer with fewer patch channels than filters (the first) is normalised
+        # through its patches (PatchProduct), without writing its output before batch norm
+        deferred = {"defer_narrow": True} if layer is PatchConv else {}
         self.convs = [
-            layer(self.filters, (3, 3), strides=stride, padding="SAME", kernel_init=init)
+            layer(
+                self.filters, (3, 3), strides=stride, padding="SAME", kernel_init=init, **deferred
+            )
             for _ in range(4)
         ]
         self.norms = [BatchStatNorm(use_scale=self.norm_scale) for _ in range(4)]

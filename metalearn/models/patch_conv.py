@@ -16,11 +16,15 @@ mode included, are matrix products, pads and slices. Measured in experiments/ben
 
 :class:`PatchConv` is a drop-in for ``flax.linen.Conv`` with "SAME" or "VALID" padding (same
 parameter names, shapes and initialisers, so parameters and checkpoints are interchangeable).
+With ``defer_narrow=True`` it returns a convolution whose patches are narrower than its output
+(a first layer: ``3 * 3 * 1`` taps against 64 filters) as a :class:`PatchProduct`, unevaluated,
+for a batch-statistics normalisation to fold itself into (``conv4.BatchStatNorm``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
@@ -109,6 +113,43 @@ def im2col_conv(
     return y.reshape(n, h, w, cout)
 
 
+class PatchProduct(NamedTuple):
+    """A convolution not yet evaluated: ``patches @ kernel + bias`` at every output position.
+
+    Normalising a convolution's output with its batch statistics normally reads and writes the
+    ``[batch, h, w, out]`` output several times (its mean, variance, the normalised values, and
+    as many passes again in the backward pass). When the patches have fewer channels ``k`` than
+    the output, those statistics follow from the patches' own mean and ``[k, k]`` covariance
+    (the output's variance is ``diag(kernel^T cov kernel)``), and the normalised output is one
+    matrix product of the centred patches with the kernel scaled per output channel:
+    ``conv4.BatchStatNorm`` does that (the same values; on XLA:CPU it took a fifth off an
+    Omniglot meta-step, experiments/benchmarks/README.md).
+
+    >>> import jax, jax.numpy as jnp
+    >>> x = jax.random.normal(jax.random.key(0), (2, 6, 6, 1))
+    >>> conv = PatchConv(16, (3, 3), strides=2, defer_narrow=True)
+    >>> product, params = conv.init_with_output(jax.random.key(1), x)
+    >>> product.patches.shape, product.kernel.shape, product.shape
+    ((2, 3, 3, 9), (9, 16), (2, 3, 3, 16))
+    >>> bool(jnp.allclose(product.value(), PatchConv(16, (3, 3), strides=2).apply(params, x)))
+    True
+    """
+
+    patches: jax.Array  # [batch, h, w, k], from image_patches
+    kernel: jax.Array  # [k, out]
+    bias: jax.Array | None  # [out], or None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (*self.patches.shape[:-1], self.kernel.shape[-1])
+
+    def value(self) -> jax.Array:
+        """The convolution's output ``[batch, h, w, out]``."""
+        n, h, w, k = self.patches.shape
+        y = jnp.dot(self.patches.reshape(n * h * w, k), self.kernel).reshape(self.shape)
+        return y if self.bias is None else y + self.bias
+
+
 class PatchConv(nn.Module):
     """``nn.Conv(features, kernel_size, strides, padding)`` computed by :func:`im2col_conv`.
 
@@ -129,12 +170,18 @@ class PatchConv(nn.Module):
     use_bias: bool = True
     kernel_init: nn.initializers.Initializer = nn.initializers.lecun_normal()
     bias_init: nn.initializers.Initializer = nn.initializers.zeros_init()
+    # True: when kh * kw * in <= features, return a PatchProduct (not evaluated) instead
+    defer_narrow: bool = False
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array) -> jax.Array | PatchProduct:
         shape = (*self.kernel_size, x.shape[-1], self.features)
         kernel = self.param("kernel", self.kernel_init, shape)
+        bias = self.param("bias", self.bias_init, (self.features,)) if self.use_bias else None
+        taps = shape[0] * shape[1] * shape[2]
+        if self.defer_narrow and taps <= self.features:
+            strides = (self.strides,) * 2 if isinstance(self.strides, int) else self.strides
+            patches = image_patches(x, self.kernel_size, strides, self.padding)
+            return PatchProduct(patches, kernel.reshape(taps, self.features), bias)
         y = im2col_conv(x, kernel, self.strides, self.padding)
-        if self.use_bias:
-            y = y + self.param("bias", self.bias_init, (self.features,))
-        return y
+        return y if bias is None else y + bias

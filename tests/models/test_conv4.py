@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +14,7 @@ import pytest
 from metalearn.data.task import supervised_objective
 from metalearn.models.base import model_from_flax
 from metalearn.models.conv4 import DOWNSAMPLING, BatchStatNorm, Conv4, Conv4Config, conv4
+from metalearn.models.patch_conv import PatchConv, PatchProduct
 from metalearn.registry import MODELS
 
 
@@ -169,3 +174,97 @@ def test_batch_norm_without_scale_has_offsets_only():
     y = BatchStatNorm(use_scale=False).apply({"params": {"bias": bias}}, x)
     mean, var = x.mean((0, 1, 2)), x.var((0, 1, 2))
     np.testing.assert_allclose(y, (x - mean) / jnp.sqrt(var + 1e-3) + bias, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("use_scale", [True, False])
+@pytest.mark.parametrize("masked", [False, True])
+def test_batch_norm_of_a_deferred_convolution_equals_the_norm_of_its_output(use_scale, masked):
+    """A narrow first layer reaches the norm as a PatchProduct and is normalised through its
+    patches' covariance: same values and derivatives (first, second, forward-over-reverse) as
+    normalising the evaluated output, in float64; masked-out examples change nothing."""
+    with jax.enable_x64(True):
+        x = jax.random.normal(jax.random.key(0), (6, 9, 9, 2), jnp.float64) + 3.0
+        conv = PatchConv(24, (3, 3), strides=2, defer_narrow=True)
+        conv_params = float64(conv.init(jax.random.key(1), x))
+        product = conv.apply(conv_params, x)
+        assert isinstance(product, PatchProduct)  # 3 * 3 * 2 = 18 taps <= 24 filters
+        norm = BatchStatNorm(use_scale=use_scale)
+        norm_params = norm.init(jax.random.key(2), product.value())
+        norm_params = jax.tree.map(lambda a: a + 0.3, float64(norm_params))
+        mask = jnp.array([True, False, True, True, False, True]) if masked else None
+
+        def out(kernel, bias, deferred):
+            p = PatchProduct(product.patches, kernel, bias)
+            return norm.apply(norm_params, p if deferred else p.value(), mask)
+
+        def loss(kernel, bias, deferred):
+            y = out(kernel, bias, deferred)
+            return jnp.sum(jnp.tanh(y) * jnp.arange(y.size).reshape(y.shape) / y.size)
+
+        def hvp(kernel, bias, v, deferred):
+            return jax.jvp(lambda k_: jax.grad(loss)(k_, bias, deferred), (kernel,), (v,))[1]
+
+        k, b = product.kernel, product.bias + 0.5
+        np.testing.assert_allclose(out(k, b, True), out(k, b, False), rtol=1e-10, atol=1e-10)
+        g = {d: jax.grad(loss, (0, 1))(k, b, d) for d in (True, False)}
+        np.testing.assert_allclose(g[True][0], g[False][0], rtol=1e-9, atol=1e-11)
+        np.testing.assert_allclose(g[True][1], 0.0)  # the conv bias cancels in the norm
+        np.testing.assert_allclose(g[False][1], 0.0, atol=1e-12)
+        v = jax.random.normal(jax.random.key(3), k.shape, jnp.float64)
+        np.testing.assert_allclose(hvp(k, b, v, True), hvp(k, b, v, False), rtol=1e-8, atol=1e-10)
+        if masked:  # what the masked-out examples hold does not matter
+            garbage = product.patches.at[~mask].set(1e3)
+            again = norm.apply(norm_params, PatchProduct(garbage, k, b), mask)
+            np.testing.assert_allclose(again[mask], out(k, b, True)[mask], rtol=1e-10)
+
+
+def float64(tree):
+    return jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), tree)
+
+
+def first_layer_deferred(net, params, x) -> list[bool]:
+    """For each BatchStatNorm call of ``net``, whether it was handed a PatchProduct."""
+    seen = []
+
+    def record(next_fun, args, kwargs, context):
+        if isinstance(context.module, BatchStatNorm):
+            seen.append(isinstance(args[0], PatchProduct))
+        return next_fun(*args, **kwargs)
+
+    with nn.intercept_methods(record):
+        net.apply({"params": params}, x)
+    return seen
+
+
+def maml_meta_loss(net, params, x, y, inner_lr=0.4):
+    """One second-order MAML step: adapt on the first 5 examples, loss on the rest."""
+
+    def ce(p, images, labels):
+        logits = net.apply({"params": p}, images)
+        return -jnp.mean(jnp.sum(labels * jax.nn.log_softmax(logits), -1))
+
+    g = jax.grad(ce)(params, x[:5], y[:5])
+    return ce(jax.tree.map(lambda a, d: a - inner_lr * d, params, g), x[5:], y[5:])
+
+
+@pytest.mark.parametrize(
+    "config, shape",
+    [  # Omniglot's first layer: 9 taps < 64 filters; miniImageNet's: 27 < 32
+        (Conv4Config(filters=64), (28, 28, 1)),
+        (Conv4Config(filters=32, downsample="maxpool", readout="flatten"), (32, 32, 3)),
+    ],
+)
+def test_im2col_conv4_normalises_its_first_layer_through_the_patches(config, shape):
+    """The im2col net hands its first norm a PatchProduct; its outputs and second-order MAML
+    meta-gradient equal the XLA-convolution net's (float64)."""
+    with jax.enable_x64(True):
+        x = jax.random.uniform(jax.random.key(0), (10, *shape), jnp.float64)
+        y = jax.nn.one_hot(jnp.arange(10) % 5, 5)
+        nets = {c: conv4(5, dataclasses.replace(config, conv=c)) for c in ("xla", "im2col")}
+        params = float64(nets["xla"].init(jax.random.key(1), x)["params"])
+        assert first_layer_deferred(nets["im2col"], params, x) == [True, False, False, False]
+        assert first_layer_deferred(nets["xla"], params, x) == [False] * 4
+        grads = {c: jax.grad(maml_meta_loss, 1)(n, params, x, y) for c, n in nets.items()}
+        for path, a in jax.tree_util.tree_leaves_with_path(grads["im2col"]):
+            b = functools.reduce(lambda t, k: t[k.key], path, grads["xla"])
+            np.testing.assert_allclose(a, b, rtol=1e-7, atol=1e-9, err_msg=str(path))
