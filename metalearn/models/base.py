@@ -112,9 +112,7 @@ def batch_moments(x: jax.Array, mask: jax.Array | None = None) -> tuple[jax.Arra
     return mean, var
 
 
-def batch_covariance(
-    x: jax.Array, mask: jax.Array | None = None
-) -> tuple[jax.Array, jax.Array]:
+def batch_covariance(x: jax.Array, mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """Mean ``[c]`` and biased covariance ``[c, c]`` of the last axis of ``x`` over every other
     axis, over the examples ``mask`` marks, as :func:`batch_moments` (whose variance is this
     covariance's diagonal).

@@ -27,7 +27,11 @@ zero.
 ``"xla"`` is ``flax.linen.Conv`` (XLA's convolution), ``"im2col"`` is
 :class:`metalearn.models.patch_conv.PatchConv` (a matrix product over image patches, which stays
 fast on XLA:CPU when tasks are batched by ``vmap`` or looped over; see that module), and
-``"auto"`` (the default) chooses ``im2col`` on CPU and ``xla`` on GPUs and TPUs.
+``"auto"`` (the default) chooses ``im2col`` on CPU and ``xla`` on GPUs and TPUs. With
+``im2col`` a layer with fewer patch channels than filters (the first: 3 x 3 x 1 taps for 64
+filters) is batch-normalised through its patches (:class:`BatchStatNorm` on a
+:class:`~metalearn.models.patch_conv.PatchProduct`), its output written once, already
+normalised.
 """
 
 from __future__ import annotations

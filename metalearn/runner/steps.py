@@ -159,14 +159,33 @@ def mean_over_tasks(
     return jax.tree_util.tree_map(lambda x: x / count, total)
 
 
-def sample_tasks(family: TaskFamily, split_arrays: PyTree, key: jax.Array, count: int, shots: int):
-    """``count`` tasks from one key, stacked on a leading axis."""
-    return sample_tasks_from_keys(family, split_arrays, jax.random.split(key, count), shots)
+def sample_tasks(
+    family: TaskFamily, split_arrays: PyTree, key: jax.Array, count: int, shots: int, mesh=None
+):
+    """``count`` tasks from one key, stacked on a leading axis (see
+    :func:`sample_tasks_from_keys` for ``mesh``)."""
+    keys = jax.random.split(key, count)
+    return sample_tasks_from_keys(family, split_arrays, keys, shots, mesh)
 
 
-def sample_tasks_from_keys(family: TaskFamily, split_arrays: PyTree, keys: jax.Array, shots: int):
-    """One task per key, stacked on a leading axis."""
-    return jax.vmap(lambda k: family.sample(split_arrays, k, shots))(keys)
+def sample_tasks_from_keys(
+    family: TaskFamily, split_arrays: PyTree, keys: jax.Array, shots: int, mesh=None
+):
+    """One task per key, stacked on a leading axis; with a ``mesh``, split across its devices,
+    each sampling the tasks of its own share of ``keys``.
+
+    Sampled whole and then split, the sampling was partitioned by XLA's sharding propagation
+    into per-device random numbers gathered back (all-gathers in every meta-step); on XLA:CPU
+    devices a run then aborted now and then in such a gather's rendezvous. Here the devices
+    exchange nothing.
+    """
+
+    def sample(arrays, task_keys):
+        return jax.vmap(lambda k: family.sample(arrays, k, shots))(task_keys)
+
+    if mesh is None or keys.shape[0] % mesh.size:
+        return sample(split_arrays, keys)
+    return over_task_shards(sample, mesh, reduce=False)(split_arrays, shard_task_axis(keys, mesh))
 
 
 def init_train_state(
@@ -272,7 +291,7 @@ def make_meta_step(
 
     def meta_step(state: TrainState, train_arrays: PyTree):
         key = jax.random.fold_in(train_key, state.step)
-        tasks = sample_tasks(family, train_arrays, key, meta_batch_size, shots)
+        tasks = sample_tasks(family, train_arrays, key, meta_batch_size, shots, mesh)
         return meta_train_step(state, shard_task_axis(tasks, mesh))
 
     return meta_step
@@ -311,7 +330,8 @@ def make_eval_step(
     ``trained`` is a :class:`Trained` (meta-parameters and model state). Each task is sampled
     from its key; its model key is ``fold_in(key, 1)``. ``learner`` is a :class:`MetaLearner`,
     or a function of ``hyper`` returning one (``Experiment.learner_for``), so that its rates
-    are arguments of the compiled step rather than constants.
+    are arguments of the compiled step rather than constants. With a ``mesh`` on one host the
+    results are left split across its devices (read them with ``jax.device_get``).
     """
 
     def evaluate(trained: Trained, split_arrays, keys, shots, hyper=None):
@@ -325,13 +345,16 @@ def make_eval_step(
 
             return map_over_tasks(one_task, batch_and_keys, strategy)
 
-        batch = sample_tasks_from_keys(family, split_arrays, keys, shots)
         model_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
         if mesh is None or keys.shape[0] % mesh.size:
+            batch = sample_tasks_from_keys(family, split_arrays, keys, shots)
             return constrain_replicated(per_task(trained, (batch, model_keys)), mesh)
+        batch = sample_tasks_from_keys(family, split_arrays, keys, shots, mesh)
         batch, model_keys = shard_task_axis((batch, model_keys), mesh)
-        sharded = over_task_shards(per_task, mesh, reduce=False)
-        return constrain_replicated(sharded(trained, (batch, model_keys)), mesh)
+        results = over_task_shards(per_task, mesh, reduce=False)(trained, (batch, model_keys))
+        # left split across the devices (the host reads every shard) unless other hosts must
+        # read them too: no gather in the program
+        return results if jax.process_count() == 1 else constrain_replicated(results, mesh)
 
     return jax.jit(evaluate, static_argnums=3)
 
