@@ -10,6 +10,7 @@ all-reduce, so the update equals the one-device update.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 from collections.abc import Callable
@@ -89,6 +90,39 @@ def over_task_shards(fn: Callable[[Any, Any], Any], mesh: Mesh, *, reduce: bool)
         out_specs=out_specs,
         check_vma=False,  # loop carries start replicated and end varying; fn reduces itself
     )
+
+
+# Jitted calls a run lets JAX queue ahead of the host (see InFlight).
+MAX_CALLS_IN_FLIGHT = 4
+
+
+class InFlight:
+    """Bounds how many dispatched calls may still be running: ``add(outputs)`` waits for the
+    outputs added ``limit`` calls earlier.
+
+    JAX returns from a jitted call before it runs. A loop that only reads results every few
+    hundred steps queues dozens of calls; with several XLA:CPU devices, each call a program on
+    all of them, the client's two launch threads can then both block (one device's launch
+    waiting for queue room, the other device's program waiting in the gradient all-reduce for
+    it): XLA aborts the process after 40 s ("Termination timeout for `all reduce ...`"). A few
+    calls queued keep the devices as busy.
+
+    >>> import jax.numpy as jnp
+    >>> queue = InFlight(limit=2)
+    >>> for i in range(5):
+    ...     queue.add(jnp.ones(3) * i)
+    >>> len(queue.calls)
+    2
+    """
+
+    def __init__(self, limit: int = MAX_CALLS_IN_FLIGHT):
+        self.calls: collections.deque = collections.deque()
+        self.limit = limit
+
+    def add(self, outputs: Any) -> None:
+        self.calls.append(outputs)
+        while len(self.calls) > self.limit:
+            jax.block_until_ready(self.calls.popleft())
 
 
 def constrain_replicated(tree: Any, mesh: Mesh | None) -> Any:

@@ -10,6 +10,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from metalearn.runner.devices import InFlight
+
 log = logging.getLogger("metalearn")
 
 # Domain tags folded into the evaluation seed, so validation and test tasks are different
@@ -182,9 +184,10 @@ def evaluate_split(
             if padded > num_tasks
             else keys
         )
-        chunks = []
+        chunks, in_flight = [], InFlight()
         for i in range(0, padded, tasks_per_call):
             chunks.append(eval_step(meta_params, split_arrays, keys[i : i + tasks_per_call], shots))
+            in_flight.add(chunks[-1])
             if on_chunk is not None:
                 jax.block_until_ready(chunks[-1])
                 on_chunk(shots, min(i + tasks_per_call, num_tasks))

@@ -14,7 +14,7 @@ import jax
 
 from metalearn.config import Config
 from metalearn.runner.checkpoints import CheckpointStore
-from metalearn.runner.devices import is_primary_host, replicated, task_mesh
+from metalearn.runner.devices import InFlight, is_primary_host, replicated, task_mesh
 from metalearn.runner.divergence import divergence_advice
 from metalearn.runner.evaluation import (
     check_shot_counts,
@@ -245,13 +245,14 @@ def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
     )
     writer = MetricsWriter(runner.workdir, resume_step=step, enabled=is_primary_host())
     progress = Progress(t.meta_steps, step, t.progress_bar)
-    start_time, pending = time.perf_counter(), []
+    start_time, pending, in_flight = time.perf_counter(), [], InFlight()
     try:
         stop.phase = "training"
         with stop.deferred():
             while step < t.meta_steps and not stop.requested:
                 n = chunk_length(step, cfg, runner.exp.steps_per_call)
                 state, metrics = runner.train_call(state, n)
+                in_flight.add(metrics)
                 step += n
                 progress.advance(step)
                 pending.append((n, metrics))

@@ -175,9 +175,8 @@ def sample_tasks_from_keys(
     each sampling the tasks of its own share of ``keys``.
 
     Sampled whole and then split, the sampling was partitioned by XLA's sharding propagation
-    into per-device random numbers gathered back (all-gathers in every meta-step); on XLA:CPU
-    devices a run then aborted now and then in such a gather's rendezvous. Here the devices
-    exchange nothing.
+    into per-device random numbers gathered back (two all-gathers in every meta-step); here
+    the devices exchange nothing.
     """
 
     def sample(arrays, task_keys):

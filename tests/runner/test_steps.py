@@ -135,8 +135,8 @@ def check_two_devices_match_one() -> None:
     for batching in ("map", "vmap"):
         params, (one, two), programs = sharded_and_single_device_steps(batching)
         # Each device samples its own tasks and the host reads the evaluation's shards: the
-        # meta-step's one exchange is the gradient mean (gathers of the sampling's random
-        # numbers, there before, went with XLA:CPU rendezvous aborts in long runs).
+        # meta-step's one exchange is the gradient mean (before, two gathers of the sampling's
+        # random numbers as well, and four in the evaluation).
         assert collectives(programs["meta-step"]) == ["all-reduce"], programs["meta-step"][-2000:]
         assert collectives(programs["evaluation"]) == []
         leaves = jax.tree_util.tree_leaves

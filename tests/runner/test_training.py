@@ -228,3 +228,39 @@ def test_saved_checkpoint_is_evaluated_on_its_own(tmp_path):
     assert {r["tasks"] for r in records} == {6} and len(records) == 3 * 2
     missing = run_cli(str(tmp_path / "nope"), module="metalearn.evaluate", timeout=60)
     assert missing.returncode != 0 and "not found" in missing.stderr
+
+
+def test_training_and_evaluation_queue_only_a_few_calls_ahead(tmp_path, monkeypatch):
+    """Every train and evaluation call goes through a bounded queue (devices.InFlight): with
+    nothing read for many steps, JAX would otherwise queue every call, which with several
+    XLA:CPU devices deadlocked the client's launch threads (XLA then aborts the process)."""
+    from metalearn.runner import devices, evaluation, loop
+
+    queues = []
+
+    class Recording(devices.InFlight):
+        def __init__(self, limit=devices.MAX_CALLS_IN_FLIGHT):
+            super().__init__(limit)
+            self.added, self.longest = 0, 0
+            queues.append(self)
+
+        def add(self, outputs):
+            super().add(outputs)
+            self.added += 1
+            self.longest = max(self.longest, len(self.calls))
+
+    monkeypatch.setattr(loop, "InFlight", Recording)
+    monkeypatch.setattr(evaluation, "InFlight", Recording)
+    cfg = tiny_config(
+        "trainer.meta_steps=24",
+        "trainer.steps_per_call=1",
+        "trainer.log_every=24",
+        "trainer.eval_every=0",
+        "trainer.checkpoint_every=24",
+        "eval.num_tasks=16",
+    )
+    train_and_evaluate(cfg, str(tmp_path))
+    train, *evaluations = queues
+    assert train.added == 24 and train.longest == devices.MAX_CALLS_IN_FLIGHT
+    assert evaluations and all(q.longest <= devices.MAX_CALLS_IN_FLIGHT for q in evaluations)
+    assert sum(q.added for q in evaluations) >= 16 // 2  # tasks_per_call 2
