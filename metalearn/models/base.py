@@ -103,11 +103,9 @@ def batch_moments(x: jax.Array, mask: jax.Array | None = None) -> tuple[jax.Arra
     [[2.0], [1.0]]
     """
     axes = tuple(range(x.ndim - 1))
-    if mask is None:
-        mean = jnp.mean(x, axis=axes)
+    mean, keep, count = _batch_mean(x, mask)
+    if keep is None:
         return mean, jnp.mean(jnp.square(x - mean), axis=axes)
-    keep, count = _kept(x, mask)
-    mean = jnp.sum(jnp.where(keep, x, 0.0), axis=axes) / count
     var = jnp.sum(jnp.where(keep, jnp.square(x - mean), 0.0), axis=axes) / count
     return mean, var
 
@@ -121,22 +119,22 @@ def batch_covariance(x: jax.Array, mask: jax.Array | None = None) -> tuple[jax.A
     >>> [m.tolist() for m in batch_covariance(x, jnp.array([True, True, False]))]
     [[2.0, 4.0], [[1.0, 2.0], [2.0, 4.0]]]
     """
-    channels = x.shape[-1]
-    if mask is None:
-        mean = jnp.mean(x, axis=tuple(range(x.ndim - 1)))
-        centered = (x - mean).reshape(-1, channels)
-        return mean, centered.T @ centered / centered.shape[0]
-    keep, count = _kept(x, mask)
-    mean = jnp.sum(jnp.where(keep, x, 0.0), axis=tuple(range(x.ndim - 1))) / count
+    mean, keep, count = _batch_mean(x, mask)
     centered = x - mean
-    kept = jnp.where(keep, centered, 0.0).reshape(-1, channels)
-    return mean, kept.T @ centered.reshape(-1, channels) / count
+    kept = centered if keep is None else jnp.where(keep, centered, 0.0)
+    channels = x.shape[-1]
+    return mean, kept.reshape(-1, channels).T @ centered.reshape(-1, channels) / count
 
 
-def _kept(x: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``mask`` broadcastable against ``x``, and the number of kept entries per channel."""
+def _batch_mean(x: jax.Array, mask: jax.Array | None) -> tuple[jax.Array, Any, Any]:
+    """The mean over every axis but the last, over the examples ``mask`` marks; with ``mask``
+    broadcastable against ``x`` (None without a mask) and the count of entries per channel."""
+    axes = tuple(range(x.ndim - 1))
+    if mask is None:
+        return jnp.mean(x, axis=axes), None, x.size // x.shape[-1]
     keep = mask.reshape(mask.shape + (1,) * (x.ndim - 1))
-    return keep, jnp.maximum(jnp.sum(mask), 1) * (x[0].size // x.shape[-1])
+    count = jnp.maximum(jnp.sum(mask), 1) * (x[0].size // x.shape[-1])
+    return jnp.sum(jnp.where(keep, x, 0.0), axis=axes) / count, keep, count
 
 
 def _takes(method: Callable, argument: str) -> bool:

@@ -81,38 +81,6 @@ def image_patches(
     return taps[0] if len(taps) == 1 else jnp.concatenate(taps, axis=-1)
 
 
-def im2col_conv(
-    x: jax.Array,
-    kernel: jax.Array,
-    strides: int | Sequence[int] = 1,
-    padding: str = "SAME",
-) -> jax.Array:
-    """``lax.conv_general_dilated(x, kernel, strides, padding)`` for NHWC ``x`` and HWIO
-    ``kernel``, as one matrix product over :func:`image_patches`.
-
-    >>> import jax, jax.numpy as jnp
-    >>> x = jax.random.normal(jax.random.key(0), (2, 7, 7, 3))
-    >>> k = jax.random.normal(jax.random.key(1), (3, 3, 3, 4))
-    >>> ref = jax.lax.conv_general_dilated(x, k, (2, 2), "SAME",
-    ...     dimension_numbers=("NHWC", "HWIO", "NHWC"))
-    >>> bool(jnp.allclose(im2col_conv(x, k, 2), ref, atol=1e-4))
-    True
-    """
-    if isinstance(strides, int):
-        strides = (strides, strides)
-    kh, kw, cin, cout = kernel.shape
-    if x.shape[-1] != cin:
-        raise ValueError(f"input has {x.shape[-1]} channels, the kernel expects {cin}")
-    patches = image_patches(x, (kh, kw), strides, padding)
-    n, h, w, k = patches.shape
-    # A two-dimensional product: its kernel gradient is then patches^T @ output gradient as
-    # XLA:CPU's dot takes it. Written as an einsum over the four image axes, the gradient came
-    # out as a dot over a transposed copy of the output gradient, written by a strided loop (a
-    # third of a 20-way Omniglot step's op time was that copy for the first layer alone).
-    y = jnp.dot(patches.reshape(n * h * w, k), kernel.reshape(k, cout))
-    return y.reshape(n, h, w, cout)
-
-
 class PatchProduct(NamedTuple):
     """A convolution not yet evaluated: ``patches @ kernel + bias`` at every output position.
 
@@ -146,8 +114,49 @@ class PatchProduct(NamedTuple):
     def value(self) -> jax.Array:
         """The convolution's output ``[batch, h, w, out]``."""
         n, h, w, k = self.patches.shape
+        # A two-dimensional product: its kernel gradient is then patches^T @ output gradient
+        # as XLA:CPU's dot takes it. Written as an einsum over the four image axes, the gradient
+        # came out as a dot over a transposed copy of the output gradient, written by a strided
+        # loop (a third of a 20-way Omniglot step's op time was that copy for the first layer).
         y = jnp.dot(self.patches.reshape(n * h * w, k), self.kernel).reshape(self.shape)
         return y if self.bias is None else y + self.bias
+
+
+def patch_product(
+    x: jax.Array,
+    kernel: jax.Array,
+    strides: int | Sequence[int] = 1,
+    padding: str = "SAME",
+    bias: jax.Array | None = None,
+) -> PatchProduct:
+    """The convolution of NHWC ``x`` with HWIO ``kernel`` (and ``bias``), not yet evaluated."""
+    if isinstance(strides, int):
+        strides = (strides, strides)
+    kh, kw, cin, cout = kernel.shape
+    if x.shape[-1] != cin:
+        raise ValueError(f"input has {x.shape[-1]} channels, the kernel expects {cin}")
+    patches = image_patches(x, (kh, kw), strides, padding)
+    return PatchProduct(patches, kernel.reshape(kh * kw * cin, cout), bias)
+
+
+def im2col_conv(
+    x: jax.Array,
+    kernel: jax.Array,
+    strides: int | Sequence[int] = 1,
+    padding: str = "SAME",
+) -> jax.Array:
+    """``lax.conv_general_dilated(x, kernel, strides, padding)`` for NHWC ``x`` and HWIO
+    ``kernel``, as one matrix product over :func:`image_patches`.
+
+    >>> import jax, jax.numpy as jnp
+    >>> x = jax.random.normal(jax.random.key(0), (2, 7, 7, 3))
+    >>> k = jax.random.normal(jax.random.key(1), (3, 3, 3, 4))
+    >>> ref = jax.lax.conv_general_dilated(x, k, (2, 2), "SAME",
+    ...     dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    >>> bool(jnp.allclose(im2col_conv(x, k, 2), ref, atol=1e-4))
+    True
+    """
+    return patch_product(x, kernel, strides, padding).value()
 
 
 class PatchConv(nn.Module):
@@ -178,10 +187,6 @@ class PatchConv(nn.Module):
         shape = (*self.kernel_size, x.shape[-1], self.features)
         kernel = self.param("kernel", self.kernel_init, shape)
         bias = self.param("bias", self.bias_init, (self.features,)) if self.use_bias else None
-        taps = shape[0] * shape[1] * shape[2]
-        if self.defer_narrow and taps <= self.features:
-            strides = (self.strides,) * 2 if isinstance(self.strides, int) else self.strides
-            patches = image_patches(x, self.kernel_size, strides, self.padding)
-            return PatchProduct(patches, kernel.reshape(taps, self.features), bias)
-        y = im2col_conv(x, kernel, self.strides, self.padding)
-        return y if bias is None else y + bias
+        product = patch_product(x, kernel, self.strides, self.padding, bias)
+        narrow = product.kernel.shape[0] <= self.features  # kh * kw * in patch channels
+        return product if self.defer_narrow and narrow else product.value()

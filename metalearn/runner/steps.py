@@ -344,11 +344,10 @@ def make_eval_step(
 
             return map_over_tasks(one_task, batch_and_keys, strategy)
 
+        batch = sample_tasks_from_keys(family, split_arrays, keys, shots, mesh)
         model_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
         if mesh is None or keys.shape[0] % mesh.size:
-            batch = sample_tasks_from_keys(family, split_arrays, keys, shots)
             return constrain_replicated(per_task(trained, (batch, model_keys)), mesh)
-        batch = sample_tasks_from_keys(family, split_arrays, keys, shots, mesh)
         batch, model_keys = shard_task_axis((batch, model_keys), mesh)
         results = over_task_shards(per_task, mesh, reduce=False)(trained, (batch, model_keys))
         # left split across the devices (the host reads every shard) unless other hosts must
