@@ -51,11 +51,14 @@ def _axpy(alpha: jax.Array, x: PyTree, y: PyTree) -> PyTree:
 
 
 class CGResult(NamedTuple):
-    """Solution of a conjugate-gradient solve, its residual norm and the iterations taken."""
+    """Solution of a conjugate-gradient solve, its residual norm, the iterations taken, and the
+    residual ``b - A x`` itself (as CG's recursion keeps it: ``x^T A x = x^T (b - residual)``
+    needs no further product)."""
 
     x: PyTree
     residual_norm: jax.Array
     iterations: jax.Array
+    residual: PyTree
 
 
 def cg_solve(
@@ -78,8 +81,10 @@ def cg_solve(
     >>> [round(float(xi), 4) for xi in x]      # exact: [1/11, 7/11]
     [0.0909, 0.6364]
     """
-    x = jax.tree_util.tree_map(jnp.zeros_like, b) if x0 is None else x0
-    r = jax.tree_util.tree_map(jnp.subtract, b, matvec(x))
+    if x0 is None:  # r = b - A 0 without spending a product on it
+        x, r = jax.tree_util.tree_map(jnp.zeros_like, b), b
+    else:
+        x, r = x0, jax.tree_util.tree_map(jnp.subtract, b, matvec(x0))
     rr = _vdot(r, r)
     threshold = (tol**2) * _vdot(b, b)
 
@@ -97,8 +102,8 @@ def cg_solve(
         p = _axpy(rr_new / rr, p, r)
         return x, r, p, rr_new, i + 1
 
-    x, _, _, rr, iters = jax.lax.while_loop(cond, body, (x, r, r, rr, jnp.asarray(0)))
-    return CGResult(x, jnp.sqrt(rr), iters)
+    x, r, _, rr, iters = jax.lax.while_loop(cond, body, (x, r, r, rr, jnp.asarray(0)))
+    return CGResult(x, jnp.sqrt(rr), iters, r)
 
 
 def lanczos_eigenvalues(

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from metalearn.rl.baseline import advantages, discounted_returns
 from metalearn.rl.envs.base import Env
-from metalearn.rl.inner import InnerConfig, adapt_from_batches, sample_adaptation
+from metalearn.rl.inner import InnerConfig, adapt_from_batches, inner_step, sample_adaptation
 from metalearn.rl.policy import gaussian_kl
 from metalearn.rl.rollout import PolicyApply, Trajectories, log_probs, rollouts
 
@@ -177,29 +177,54 @@ def post_kl_fisher(
     """``v -> H v`` with ``H`` the Hessian at ``params`` of the mean over tasks of
     :func:`post_kl` (``batch`` stacked over tasks), in Gauss-Newton form ``J^T F J``.
 
-    ``J`` is the Jacobian of each task's adapted parameters (linearised once) and ``F`` the
-    Hessian of the KL in the adapted parameters. At the sampling parameters the KL's gradient in
-    the adapted parameters is zero, so ``J^T F J`` is the exact Hessian, at second-order
-    autodiff cost instead of the third order of differentiating ``grad(post_kl)`` through the
-    inner step; tests/rl/test_trpo.py checks it against :func:`metalearn.hvp`.
+    ``J`` is the Jacobian of each task's adapted parameters and ``F`` the Hessian of the KL in
+    them. At the sampling parameters the KL's gradient in the adapted parameters is zero, so
+    ``J^T F J`` is the exact Hessian, at second-order autodiff cost instead of the third order
+    of differentiating ``grad(post_kl)`` through the inner step; tests/rl/test_trpo.py checks it
+    against :func:`metalearn.hvp`. Both factors are linearised once, whatever the number of
+    products asked for:
+
+    - ``J = J_S ... J_1``, each inner step's ``J_s = I + lr_s H_s`` with ``H_s`` the Hessian of
+      that step's surrogate: symmetric, so ``J^T`` applies the same linear maps in reverse order
+      (no transposed program; each task's map is linearised at its own parameters).
+    - ``F = D^T W D``, with ``D`` the Jacobian of the policy's outputs (mean and log-std) on the
+      post-update observations and ``W`` the KL's Hessian in those outputs at the sampling
+      policy: ``1 / sigma^2`` for the mean, 2 for the log-std, per valid step (the cross terms
+      vanish where the two policies agree).
     """
+    lvc = estimator == "lvc"
+    num_tasks = batch.post.mask.shape[0]
 
-    def adapt(p):
-        return jax.vmap(lambda b: adapted_params(policy_apply, p, b, cfg, estimator)[-1])(batch)
+    def per_task(tree):
+        return jax.tree.map(lambda x: jnp.broadcast_to(x, (num_tasks, *x.shape)), tree)
 
-    adapted, jvp = jax.linearize(adapt, params)
-    vjp = jax.linear_transpose(jvp, params)
+    theta, steps = per_task(params), []
+    for traj, adv, lr in zip(batch.pre, batch.pre_adv, cfg.lrs, strict=False):
 
-    def kl_adapted(phi):
-        def one(ph, b):
-            mean, log_std = policy_apply(ph, b.post.obs)
-            kl = gaussian_kl(b.post_mean, b.post_log_std, mean, log_std)
-            return jnp.sum(kl * b.post.mask) / jnp.sum(b.post.mask)
+        def step(thetas, traj=traj, adv=adv, lr=lr):
+            one = lambda p, t, a: inner_step(policy_apply, p, t, a, lr, lvc=lvc)  # noqa: E731
+            return jax.vmap(one)(thetas, traj, adv)
 
-        return jnp.mean(jax.vmap(one)(phi, batch))
+        theta, linear = jax.linearize(step, theta)
+        steps.append(linear)
 
-    _, fisher = jax.linearize(jax.grad(kl_adapted), adapted)
-    return lambda v: vjp(fisher(jvp(v)))[0]
+    outputs = lambda thetas: jax.vmap(policy_apply)(thetas, batch.post.obs)  # noqa: E731
+    (_, log_std), d_outputs = jax.linearize(outputs, theta)
+    d_outputs_t = jax.linear_transpose(d_outputs, theta)
+    valid = batch.post.mask  # (tasks, rollouts, horizon): each task's KL is a mean over these
+    weight = (valid / jnp.sum(valid, axis=(1, 2), keepdims=True) / num_tasks)[..., None]
+
+    def product(v: Params) -> Params:
+        u = per_task(v)
+        for linear in steps:
+            u = linear(u)
+        d_mean, d_log_std = d_outputs(u)
+        (u,) = d_outputs_t((d_mean * jnp.exp(-2.0 * log_std) * weight, 2.0 * d_log_std * weight))
+        for linear in reversed(steps):
+            u = linear(u)
+        return jax.tree.map(lambda x: jnp.sum(x, axis=0), u)
+
+    return product
 
 
 def task_loss(

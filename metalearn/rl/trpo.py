@@ -90,7 +90,8 @@ def trpo_step(
 
     solve = cg_solve(fvp, grads, max_iters=cfg.cg_iters, tol=1e-10)
     direction = solve.x
-    curvature = _tree_dot(direction, fvp(direction))
+    # d^T A d as d^T (g - r): CG keeps its residual r = g - A d, so no further product is needed
+    curvature = _tree_dot(direction, jax.tree.map(jnp.subtract, grads, solve.residual))
     scale = jnp.sqrt(2.0 * cfg.max_kl / (curvature + 1e-8))
 
     def candidate(k: jax.Array) -> Params:

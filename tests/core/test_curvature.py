@@ -66,6 +66,30 @@ def test_cg_solves_known_spd_system():
     assert int(result.iterations) <= 50
 
 
+def test_cg_counts_its_products_and_keeps_the_residual_it_reports():
+    # Stopped early (3 of 20 dimensions), the reported residual is b - A x (what TRPO uses for
+    # x^T A x), and a solve from zero spends exactly one product per iteration.
+    rng = np.random.default_rng(3)
+    m = rng.normal(size=(20, 20))
+    a = np.asarray(m @ m.T + 5 * np.eye(20), np.float64)
+    b = rng.normal(size=20)
+    products = []
+
+    def matvec(v):
+        products.append(1)
+        return jnp.asarray(a, jnp.float32) @ v
+
+    result = cg_solve(matvec, jnp.asarray(b, jnp.float32), max_iters=3, tol=0.0)
+    assert int(result.iterations) == 3 and len(products) == 1  # traced once: the loop body
+    x = np.asarray(result.x, np.float64)
+    np.testing.assert_allclose(result.residual, b - a @ x, rtol=1e-4, atol=1e-4 * np.abs(b).max())
+    np.testing.assert_allclose(result.residual_norm, np.linalg.norm(b - a @ x), rtol=1e-3)
+    assert np.linalg.norm(b - a @ x) > 1e-2 * np.linalg.norm(b)  # really stopped early
+    started = cg_solve(matvec, jnp.asarray(b, jnp.float32), x0=result.x, max_iters=1, tol=0.0)
+    assert len(products) == 3  # from x0: one product for b - A x0, one in the loop
+    assert float(started.residual_norm) < float(result.residual_norm)
+
+
 def test_cg_with_hvp_on_pytree_solves_imaml_system():
     # (I + H / lam) x = g with H the Hessian of a pytree-valued quadratic.
     diag = {"a": jnp.array([1.0, 2.0]), "b": jnp.array([[3.0, 4.0]])}

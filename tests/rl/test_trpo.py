@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.flatten_util import ravel_pytree
 
 from metalearn.rl.envs import NAV2D, sample_goals
@@ -63,10 +64,10 @@ def test_fisher_vector_product_equals_explicit_fisher_times_v():
     )
 
 
-def _meta_batch(params, num_tasks=3):
+def _meta_batch(params, num_tasks=3, inner=INNER):
     goals = sample_goals(jax.random.key(5), num_tasks)
     keys = jax.random.split(jax.random.key(6), num_tasks)
-    collect = lambda k, g: collect_task_batch(NAV2D, policy_apply, params, k, g, INNER, 4)  # noqa: E731
+    collect = lambda k, g: collect_task_batch(NAV2D, policy_apply, params, k, g, inner, 4)  # noqa: E731
     return jax.vmap(collect)(keys, goals)
 
 
@@ -121,24 +122,31 @@ def test_trpo_step_on_a_quadratic_matches_the_analytic_natural_gradient_step():
     assert int(info.backtracks) == 0
 
 
-def test_gauss_newton_kl_hvp_equals_metalearn_hvp_of_the_mean_kl():
-    # post_kl_fisher's J^T F J form against hvp (forward-over-reverse) of the task-mean KL, and
-    # the TRPO step taken with it against the step taken with hvp.
+@pytest.mark.parametrize(
+    "inner",
+    [INNER, InnerConfig(num_steps=2, lrs=(0.1, 0.05), num_rollouts=4)],
+    ids=["one inner step", "two inner steps"],
+)
+def test_gauss_newton_kl_hvp_equals_metalearn_hvp_of_the_mean_kl(inner):
+    # post_kl_fisher's J^T F J form (J^T applied as the inner steps' symmetric maps in reverse
+    # order, F from the policy outputs' Jacobian) against hvp (forward-over-reverse) of the
+    # task-mean KL, and the TRPO step taken with it against the step taken with hvp.
     params = init_policy(jax.random.key(0), 2, 2, hidden=(16, 16))
-    batch = _meta_batch(params)
+    params["log_std"] = jnp.array([0.3, -0.4])
+    batch = _meta_batch(params, inner=inner)
     v = jax.tree.map(lambda x: jnp.cos(jnp.arange(x.size, dtype=x.dtype).reshape(x.shape)), params)
     for estimator in ("lvc", "dice", "maml"):
 
         def kl(p, estimator=estimator):
-            per_task = jax.vmap(lambda b: post_kl(policy_apply, p, b, INNER, estimator))(batch)
+            per_task = jax.vmap(lambda b: post_kl(policy_apply, p, b, inner, estimator))(batch)
             return jnp.mean(per_task)
 
         expected = ravel_pytree(fisher_vector_product(kl, params, v))[0]
-        fisher = post_kl_fisher(policy_apply, params, batch, INNER, estimator)
+        fisher = post_kl_fisher(policy_apply, params, batch, inner, estimator)
         got = ravel_pytree(fisher(v))[0]
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max())
     surrogate = lambda p: jnp.mean(  # noqa: E731
-        jax.vmap(lambda b: meta_surrogate(policy_apply, p, b, INNER, "maml"))(batch)
+        jax.vmap(lambda b: meta_surrogate(policy_apply, p, b, inner, "maml"))(batch)
     )
     plain, info = trpo_step(surrogate, kl, params)
     fast, fast_info = trpo_step(surrogate, kl, params, kl_hvp=fisher)
