@@ -143,9 +143,10 @@ def run_metalearn(spec: dict[str, Any]) -> dict[str, Any]:
         "jax_version": jax.__version__,
     }
     if spec.get("profile"):
-        from bench_rl_profile import profile_metalearn
+        from bench_rl_profile import compute_floor, profile_metalearn
 
         row["profile_ms"] = profile_metalearn(state.params, root, cfg)
+        row["compute_floor"] = compute_floor(state.params, root, cfg)
     return row
 
 
@@ -215,6 +216,15 @@ def print_table(rows: list[dict[str, Any]], out=None) -> None:
         )
         for part, ms in r.get("profile_ms", {}).items():
             print(f"    {part:<28} {ms:10.1f} ms", file=out)
+        for part, value in r.get("compute_floor", {}).items():
+            print(f"    {part:<58} {value:10.1f}", file=out)
+        floor_ms = r.get("compute_floor", {}).get("floor: that work at that rate (ms)")
+        if floor_ms and ref.get("torch"):
+            print(
+                f"    torch's s/iter over that floor: {1e3 * ref['torch'] / floor_ms:.1f}x, the "
+                "most an implementation doing this arithmetic could gain on the peer here",
+                file=out,
+            )
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:

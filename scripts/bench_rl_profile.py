@@ -6,6 +6,12 @@ rollouts and inner step (``collect_task_batch`` under ``vmap``), the meta-gradie
 Fisher-vector product of the mean post-update KL (as ``metalearn.hvp`` of the KL through the
 inner step, and in the Gauss-Newton form the iteration uses), the whole CG solve, one line-search
 evaluation (surrogate and KL at a candidate), and the whole TRPO step.
+
+:func:`compute_floor` bounds the meta-iteration from below: XLA's FLOP count of the meta-gradient,
+the Fisher-vector products' linearisation, ``cg_iters`` products and one line-search
+evaluation (sampling left out), over the best rate this machine reaches on the policy's
+largest matrix product ([40,000 x 100] @ [100 x 100], timed here): the least time this
+arithmetic takes on this machine, whoever runs it.
 """
 
 from __future__ import annotations
@@ -34,27 +40,110 @@ def _median_ms(fn, *args) -> float:
     return 1e3 * statistics.median(times)
 
 
-def profile_metalearn(params: Any, key: jax.Array, cfg) -> dict[str, float]:
-    """Milliseconds of each jitted part of one meta-iteration at ``params``."""
+def _gflop(fn, *args) -> float:
+    """XLA's FLOP count of ``jit(fn)(*args)``, in billions (``fn`` has no loops: XLA counts a
+    loop's body once)."""
+    cost = jax.jit(fn).lower(*args).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return cost["flops"] / 1e9
+
+
+def peak_gflops(rows: int = 40_000, width: int = 100, repeat: int = 20) -> float:
+    """The best rate of ``[rows, width] @ [width, width]`` in float32 on this machine, GFLOP/s."""
+    x = jax.random.normal(jax.random.key(0), (rows, width))
+    w = jax.random.normal(jax.random.key(1), (width, width))
+    product = jax.jit(lambda x, w: x @ w)
+    jax.block_until_ready(product(x, w))
+    best = float("inf")
+    for _ in range(repeat):
+        tic = time.perf_counter()
+        jax.block_until_ready(product(x, w))
+        best = min(best, time.perf_counter() - tic)
+    return 2 * rows * width * width / best / 1e9
+
+
+def compute_floor(params: Any, key: jax.Array, cfg) -> dict[str, float]:
+    """GFLOP of the meta-iteration's parts at ``params`` and the time they need at
+    :func:`peak_gflops`."""
+    inner, est = cfg.inner, cfg.estimator
+    batch = _collector(cfg)(params, key)
+    surrogate_of, kl_of = _objectives(cfg)
+    v = jax.tree.map(jnp.ones_like, params)
+
+    def products(count):  # linearise once, then `count` Fisher-vector products, unrolled
+        def run(params, batch, v):
+            fisher = post_kl_fisher(policy_apply, params, batch, inner, est)
+            for _ in range(count):
+                v = fisher(v)
+            return v
+
+        return run
+
+    one, two = (_gflop(products(n), params, batch, v) for n in (1, 2))
+    parts = {
+        "meta-gradient": _gflop(lambda p, b: jax.grad(surrogate_of(b))(p), params, batch),
+        "linearisation": 2 * one - two,
+        "one FVP": two - one,
+        "one line-search evaluation": _gflop(
+            lambda p, b: (surrogate_of(b)(p), kl_of(b)(p)), params, batch
+        ),
+    }
+    total = (
+        parts["meta-gradient"]
+        + parts["linearisation"]
+        + cfg.trpo.cg_iters * parts["one FVP"]
+        + parts["one line-search evaluation"]
+    )
+    peak = peak_gflops()
+    return {
+        **{f"{name} (GFLOP)": value for name, value in parts.items()},
+        f"meta-gradient + TRPO step with {cfg.trpo.cg_iters} FVPs (GFLOP)": total,
+        "best matrix-product rate (GFLOP/s)": peak,
+        "floor: that work at that rate (ms)": 1e3 * total / peak,
+    }
+
+
+def _objectives(cfg):
+    """``batch -> (surrogate, kl)`` as functions of the parameters, as make_meta_iteration
+    builds them (means over the batch's tasks)."""
     inner, est = cfg.inner, cfg.estimator
 
-    @jax.jit
+    def over_tasks(fn, batch):
+        return lambda p: jnp.mean(jax.vmap(lambda b: fn(p, b))(batch))
+
+    def surrogate_of(batch):
+        return over_tasks(lambda p, b: meta_surrogate(policy_apply, p, b, inner, est), batch)
+
+    def kl_of(batch):
+        return over_tasks(lambda p, b: post_kl(policy_apply, p, b, inner, est), batch)
+
+    return surrogate_of, kl_of
+
+
+def _collector(cfg):
+    """Jitted ``(params, key) -> batch``: every task's rollouts and inner step."""
+
     def collect(params, key):
         tasks = NAV2D.sample_tasks(key, cfg.num_tasks)
         keys = jax.random.split(key, cfg.num_tasks)
         return jax.vmap(
             lambda k, t: collect_task_batch(
-                NAV2D, policy_apply, params, k, t, inner, cfg.num_post_rollouts
+                NAV2D, policy_apply, params, k, t, cfg.inner, cfg.num_post_rollouts
             )
         )(keys, tasks)
 
-    def objectives(batch):  # as make_meta_iteration builds them
-        def over_tasks(fn):
-            return lambda p: jnp.mean(jax.vmap(lambda b: fn(p, b))(batch))
+    return jax.jit(collect)
 
-        surrogate = over_tasks(lambda p, b: meta_surrogate(policy_apply, p, b, inner, est))
-        kl = over_tasks(lambda p, b: post_kl(policy_apply, p, b, inner, est))
-        return surrogate, kl
+
+def profile_metalearn(params: Any, key: jax.Array, cfg) -> dict[str, float]:
+    """Milliseconds of each jitted part of one meta-iteration at ``params``."""
+    inner, est = cfg.inner, cfg.estimator
+    collect = _collector(cfg)
+
+    surrogate_of, kl_of = _objectives(cfg)
+
+    def objectives(batch):
+        return surrogate_of(batch), kl_of(batch)
 
     def grad(params, batch):
         return jax.grad(objectives(batch)[0])(params)

@@ -60,3 +60,35 @@ def test_table_ratio(bench_rl):
 def test_bad_arguments_are_one_error_line():
     error_line(run_script("bench_rl.py", "--impl", "jax"), "unknown impl 'jax'")
     error_line(run_script("bench_rl.py", "--tasks", "0"), "at least 1")
+
+
+def test_compute_floor_counts_work_that_grows_with_the_samples(monkeypatch):
+    # The Fisher-vector product's FLOPs (two unrolled products minus one) are per-sample work:
+    # twice the rollouts, twice the FLOPs; the floor is that work over the measured rate.
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import jax
+    from bench_rl_profile import compute_floor
+
+    from metalearn.rl.inner import InnerConfig
+    from metalearn.rl.maml_rl import MAMLRLConfig
+    from metalearn.rl.policy import init_policy
+    from metalearn.rl.trpo import TRPOConfig
+
+    params = init_policy(jax.random.key(0), 2, 2, hidden=(16, 16))
+    floors = []
+    for rollouts in (2, 4):
+        cfg = MAMLRLConfig(
+            num_tasks=2,
+            num_post_rollouts=rollouts,
+            inner=InnerConfig(num_rollouts=rollouts),
+            trpo=TRPOConfig(cg_iters=3),
+        )
+        floors.append(compute_floor(params, jax.random.key(1), cfg))
+    small, large = floors
+    assert 1.8 < large["one FVP (GFLOP)"] / small["one FVP (GFLOP)"] < 2.2
+    parts = ("meta-gradient", "linearisation", "one FVP", "one line-search evaluation")
+    assert all(small[f"{part} (GFLOP)"] > 0 for part in parts)
+    total = small["meta-gradient + TRPO step with 3 FVPs (GFLOP)"]
+    assert total > 3 * small["one FVP (GFLOP)"]
+    rate = small["best matrix-product rate (GFLOP/s)"]
+    assert small["floor: that work at that rate (ms)"] == pytest.approx(1e3 * total / rate)
