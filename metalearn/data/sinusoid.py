@@ -22,6 +22,8 @@ class SinusoidConfig:
     amplitude_range: tuple[float, float] = (0.1, 5.0)
     phase_range: tuple[float, float] = (0.0, math.pi)
     input_range: tuple[float, float] = (-5.0, 5.0)
+    # query points per task; 0: as many as the support points (K), as the reference code draws
+    # its tasks (cbfinn/maml: 2K points, the first K the support, in training and at test)
     num_queries: int = 10
 
 
@@ -59,12 +61,17 @@ def sinusoid(config: SinusoidConfig | None = None) -> TaskFamily:
     >>> task = tasks.sample(tasks.splits["train"], jax.random.key(0), 5)
     >>> task.support[0].shape, task.query[1].shape
     ((5, 1), (10, 1))
+    >>> as_many = sinusoid(SinusoidConfig(num_queries=0))
+    >>> as_many.sample({}, jax.random.key(0), 5).query[1].shape
+    (5, 1)
     """
     c = config or SinusoidConfig()
     for name in ("amplitude_range", "phase_range", "input_range"):
         _check_range(name, tuple(getattr(c, name)))
-    if c.num_queries < 1:
-        raise ValueError(f"data.num_queries must be >= 1, got {c.num_queries}")
+    if c.num_queries < 0:
+        raise ValueError(
+            f"data.num_queries must be >= 1, or 0 for as many as the shots; got {c.num_queries}"
+        )
     ranges = dict(
         amplitude_range=tuple(c.amplitude_range),
         phase_range=tuple(c.phase_range),
@@ -74,7 +81,7 @@ def sinusoid(config: SinusoidConfig | None = None) -> TaskFamily:
 
     def sample(split_arrays, key, shots):
         del split_arrays  # generated, nothing stored
-        return sample_sinusoid_task(key, shots, num_queries, **ranges)
+        return sample_sinusoid_task(key, shots, num_queries or shots, **ranges)
 
     return TaskFamily(
         splits={"train": {}, "val": {}, "test": {}},

@@ -81,3 +81,20 @@ def test_builds_on_tfds_mock_data(name, tmp_path):
 def test_sinusoid_builds_from_its_config():
     tasks = TASKS.build(TASKS.entry("sinusoid").config_cls())
     assert tasks.kind == "regression" and tasks.splits["train"] == {}
+
+
+def test_sinusoid_query_points_as_many_as_the_shots_draws_the_reference_codes_tasks():
+    # num_queries=0 draws 2K points per task, the first K the support (cbfinn/maml's
+    # DataGenerator(2K)): the first K query points are those of num_queries=K, and K=5 and K=20
+    # give 5 and 20 query points; a negative count is one error naming the key.
+    config = TASKS.entry("sinusoid").config_cls
+    as_many, fixed = TASKS.build(config(num_queries=0)), TASKS.build(config(num_queries=5))
+    for shots in (5, 20):
+        task = as_many.sample({}, jax.random.key(3), shots)
+        assert task.support[0].shape == (shots, 1) and task.query[0].shape == (shots, 1)
+    same = fixed.sample({}, jax.random.key(3), 5)
+    task = as_many.sample({}, jax.random.key(3), 5)
+    np.testing.assert_array_equal(task.query[0], same.query[0])
+    np.testing.assert_array_equal(task.support[1], same.support[1])
+    with pytest.raises(ValueError, match=r"data.num_queries must be >= 1, or 0 for as many"):
+        TASKS.build(config(num_queries=-1))
