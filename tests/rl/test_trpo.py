@@ -124,8 +124,12 @@ def test_trpo_step_on_a_quadratic_matches_the_analytic_natural_gradient_step():
 
 @pytest.mark.parametrize(
     "inner",
-    [INNER, InnerConfig(num_steps=2, lrs=(0.1, 0.05), num_rollouts=4)],
-    ids=["one inner step", "two inner steps"],
+    [
+        INNER,
+        InnerConfig(num_steps=2, lrs=(0.1, 0.05), num_rollouts=4),
+        InnerConfig(num_steps=0, lrs=(), num_rollouts=4),
+    ],
+    ids=["one inner step", "two inner steps", "no inner step (pretraining)"],
 )
 def test_gauss_newton_kl_hvp_equals_metalearn_hvp_of_the_mean_kl(inner):
     # post_kl_fisher's J^T F J form (J^T applied as the inner steps' symmetric maps in reverse
