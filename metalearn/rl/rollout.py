@@ -18,8 +18,11 @@ PolicyApply = Callable[[Params, jax.Array], tuple[jax.Array, jax.Array]]
 class Trajectories(NamedTuple):
     """A batch of rollouts, time-major inside each rollout: ``(..., T, dim)`` or ``(..., T)``.
 
-    ``mask`` is 1 up to and including the step that ended the episode, 0 afterwards (the
-    environment keeps stepping inside the fixed-length scan; masked steps count nowhere).
+    ``mask`` is 1 up to and including the step that ended the episode, 0 afterwards. The
+    environment keeps stepping inside the fixed-length scan, but masked steps count nowhere:
+    their observations, actions and rewards are recorded as zeros, so a simulation that blows
+    up after the episode ended (a fallen Ant's physics can reach NaN) cannot reach a sum or a
+    baseline fit through ``0 * nan``.
     """
 
     obs: jax.Array
@@ -54,7 +57,9 @@ def rollout(
 
     keys = jax.random.split(key, env.horizon)
     _, (obs, actions, rewards, mask) = jax.lax.scan(body, (state, jnp.asarray(False)), keys)
-    return Trajectories(obs, actions, rewards, mask)
+    valid = mask > 0
+    obs, actions = (jnp.where(valid[:, None], x, 0.0) for x in (obs, actions))
+    return Trajectories(obs, actions, jnp.where(valid, rewards, 0.0), mask)
 
 
 def rollouts(

@@ -125,6 +125,20 @@ def test_ant_ends_when_the_torso_leaves_the_healthy_height():
     assert not bool(step(state, jnp.zeros(8))[3])
 
 
+@pytest.mark.parametrize("name", ["ant_dir", "cheetah_dir"])
+def test_a_step_into_a_non_finite_state_ends_the_episode_and_earns_nothing(name):
+    # Brax's physics can blow up (a fallen Ant's did, after its episode had ended): such a step
+    # is the last of its episode and its reward is 0, not NaN.
+    env = make_locomotion_env(name, horizon=STEPS)
+    brax = brax_env(ROBOT[name], DEFAULT_BACKEND)
+    state = env.reset(jax.random.key(0), jnp.array(1.0))
+    qd = state.pipeline_state.qd.at[0].set(jnp.nan)
+    broken = state._replace(pipeline_state=brax.pipeline_init(state.pipeline_state.q, qd))
+    _, obs, reward, done = jax.jit(env.step)(broken, jnp.zeros(env.action_dim))
+    assert not np.all(np.isfinite(np.asarray(obs)))
+    assert bool(done) and float(reward) == 0.0
+
+
 def test_task_distributions():
     n = 20_000
     d = np.asarray(sample_directions(jax.random.key(0), n))

@@ -59,3 +59,54 @@ def test_adaptation_eval_returns_the_mean_return_of_each_step():
     # A zero inner rate leaves the policy unchanged: both columns estimate the same return.
     gap = np.abs(returns[:, 0] - returns[:, 1])
     assert np.all(gap < 0.5 * np.abs(returns[:, 0]))
+
+
+def _blowing_up_env():
+    """A 2-D point that ends its episode once both coordinates pass 1 in size and whose state
+    turns NaN two steps later (as a fallen Ant's physics did): only masked steps see NaN."""
+    import jax.numpy as jnp
+
+    from metalearn.rl.envs.base import Env
+
+    def step(state, action):
+        x, t, ended_at = state
+        x = x + 0.5 + 0.1 * jnp.tanh(action)
+        t = t + 1
+        done = jnp.all(jnp.abs(x) > 1.0)
+        ended_at = jnp.where(done & (ended_at < 0), t, ended_at)
+        x = jnp.where((ended_at >= 0) & (t >= ended_at + 2), jnp.nan, x)
+        return (x, t, ended_at), x, -jnp.sum(x**2), done
+
+    return Env(
+        reset=lambda key, task: (task + 0.0 * jax.random.normal(key, (2,)), 0, -1),
+        observation=lambda state: state[0],
+        step=step,
+        sample_tasks=lambda key, n: jax.random.uniform(key, (n, 2), minval=-0.2, maxval=0.2),
+        obs_dim=2,
+        action_dim=2,
+        horizon=12,
+    )
+
+
+def test_nan_after_an_episode_ends_reaches_no_metric_or_update():
+    # Masked steps are recorded as zeros, so the blow-up after each episode's end cannot reach
+    # the returns, the baseline fit, the advantages or the TRPO step; the valid steps are as
+    # the environment gave them.
+    env = _blowing_up_env()
+    init, iteration = make_meta_iteration(env, policy_apply, MAMLRLConfig(**SMALL))
+    state, metrics = iteration(init(_params()), jax.random.key(1))
+    assert all(np.isfinite(float(v)) for v in jax.tree.leaves(metrics)), metrics
+    assert bool(metrics["accepted"])
+    assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(state.params))
+    from metalearn.rl.rollout import rollout
+
+    traj = rollout(env, policy_apply, _params(), jax.random.key(2), jax.numpy.zeros(2))
+    mask = np.asarray(traj.mask)
+    assert 0 < mask.sum() < env.horizon  # the episode ended inside the horizon
+    assert np.all(np.isfinite(np.asarray(traj.obs))) and np.all(
+        np.asarray(traj.obs)[mask == 0] == 0
+    )
+    x = np.zeros(2)  # the valid rewards, recomputed: the point moves by 0.5 + 0.1 tanh(a)
+    for t in range(int(mask.sum())):
+        x = x + 0.5 + 0.1 * np.tanh(np.asarray(traj.actions)[t])
+        np.testing.assert_allclose(np.asarray(traj.rewards)[t], -np.sum(x**2), rtol=1e-5)

@@ -10,8 +10,8 @@ environments:
 - ``cheetah_vel`` (``half_cheetah_env_rand.py``): a task is a goal velocity ``g`` uniform in
   ``[0, 2]``; reward ``-|v - g| - 0.05 |a|^2``.
 - ``ant_dir`` (``ant_env_rand_direc.py``): direction as for the cheetah; reward
-  ``d v - 0.005 |a|^2 + 0.05``; the episode ends when the torso height leaves ``[0.2, 1.0]``
-  or the state is not finite. The original's contact cost (``5e-4 |clip(cfrc_ext, -1, 1)|^2``)
+  ``d v - 0.005 |a|^2 + 0.05``; the episode ends when the torso height leaves ``[0.2, 1.0]``.
+  The original's contact cost (``5e-4 |clip(cfrc_ext, -1, 1)|^2``)
   is left out: Brax's pipelines do not expose external contact forces (Brax's own Ant drops it
   too).
 
@@ -20,7 +20,8 @@ convention; rllab read the torso subtree's centre-of-mass velocity), ``a`` the a
 the actuators' control range (rllab's ``normalize`` clips the policy's action to ``[-1, 1]``).
 Observations are Brax's: joint positions without the root's x (and y for the Ant) and all joint
 velocities (17 numbers for the cheetah, 27 for the Ant). Every episode is ``horizon`` (200)
-steps, as in the paper.
+steps, as in the paper, unless it ends earlier; in every family a step into a non-finite state
+(Brax's physics can blow up) ends the episode and earns 0.
 
 Brax is imported when an environment is built, not when ``metalearn.rl.envs`` is imported.
 """
@@ -159,7 +160,10 @@ def make_locomotion_env(name: str, backend: str = DEFAULT_BACKEND, horizon: int 
         )
         new = LocoState(after, state.task)
         obs = observation(new)
-        done = ~jnp.all(jnp.isfinite(obs))
+        # a step into a non-finite state ends the episode and earns nothing
+        finite = jnp.all(jnp.isfinite(obs)) & jnp.isfinite(reward)
+        reward = jnp.where(finite, reward, 0.0)
+        done = ~finite
         if family.healthy_z is not None:
             z = after.x.pos[0, 2]
             done = done | (z < family.healthy_z[0]) | (z > family.healthy_z[1])
