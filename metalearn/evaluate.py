@@ -27,7 +27,9 @@ from tqdm import tqdm
 from metalearn.config import Config, to_objects
 from metalearn.data.sources import one_line
 from metalearn.runner.compilation_cache import enable_compilation_cache
+from metalearn.runner.cpu_backend import schedule_lapack_calls_serially
 from metalearn.runner.evaluation import format_record
+from metalearn.runner.experiment import needs_serial_lapack
 from metalearn.runner.loop import load_for_evaluation
 
 # Keys every config.yaml written by metalearn.train holds; seed and name come last in the file,
@@ -113,6 +115,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
     try:
         cfg = load_run_config(args.run_dir, args.overrides)
+        if needs_serial_lapack(cfg):  # before any computation
+            schedule_lapack_calls_serially()
         enable_compilation_cache(cfg.trainer.compilation_cache)
         print(f"loading {args.run_dir} ({args.which} parameters)", file=sys.stderr)
         runner, params = load_for_evaluation(cfg, args.run_dir, args.which)

@@ -29,9 +29,9 @@ from metalearn.config import (
 )
 from metalearn.data.sources import DataSourceError
 from metalearn.runner.compilation_cache import enable_compilation_cache
-from metalearn.runner.cpu_backend import start_cpu_devices
+from metalearn.runner.cpu_backend import schedule_lapack_calls_serially, start_cpu_devices
 from metalearn.runner.devices import initialize_distributed
-from metalearn.runner.experiment import cpu_devices_for
+from metalearn.runner.experiment import cpu_devices_for, needs_serial_lapack
 from metalearn.runner.loop import NonFiniteError, prepare_run_directory, train_and_evaluate
 from metalearn.runner.rundir import RunDirectoryError, restore_hydra_files
 from metalearn.runner.sweeps import record_job
@@ -53,7 +53,9 @@ def run(cfg: DictConfig, workdir: str) -> dict:
     A directory that holds a run with another config is refused before anything is written.
     """
     config = to_objects(cfg)
-    start_cpu_devices(cpu_devices_for(config))  # before any computation, like the two below
+    start_cpu_devices(cpu_devices_for(config))  # before any computation, like the three below
+    if needs_serial_lapack(config):
+        schedule_lapack_calls_serially()
     enable_compilation_cache(config.trainer.compilation_cache)  # before any computation
     check_writable(workdir)
     d = config.distributed

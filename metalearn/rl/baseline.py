@@ -5,6 +5,14 @@ rllab's ``LinearFeatureBaseline``: features ``[o, o^2, t/100, (t/100)^2, (t/100)
 (``reg_coeff = 1e-5``) of the discounted returns on them, fitted in closed form on one task's
 batch of rollouts. With ``gae_lambda = 1`` (rllab's default), the advantage is the discounted
 return minus the baseline.
+
+The ridge system is solved by a Cholesky factorisation written with ``lax.fori_loop``, not
+``jnp.linalg.solve``: on CPU, jaxlib 0.10's LAPACK kernels split a batch of matrices across
+XLA's intra-op thread pool and block until the pieces are done, so as many concurrent batched
+solves as the pool has threads (two on a 2-core machine: the fits of several inner steps, or
+of the pre- and post-update batches) wait forever for each other. An ``rl_ant_dir_maml`` run
+hung that way in its validation (gdb: both pool threads in ``lapack_strsm_ffi`` ->
+``ParallelBatchMap`` -> ``BlockingCounter::Wait``).
 """
 
 from __future__ import annotations
@@ -56,7 +64,50 @@ def fit_linear_baseline(
     weights = traj.mask.reshape(-1)
     gram = features.T @ (weights[:, None] * features)
     rhs = features.T @ (weights * returns.reshape(-1))
-    return jnp.linalg.solve(gram + reg_coeff * jnp.eye(gram.shape[0], dtype=gram.dtype), rhs)
+    return ridge_solve(gram, rhs, reg_coeff)
+
+
+def ridge_solve(gram: jax.Array, rhs: jax.Array, reg_coeff: float, tries: int = 5) -> jax.Array:
+    """``(gram + reg I)^{-1} rhs`` for symmetric positive semi-definite ``gram``, by Cholesky in
+    ``lax`` loops (no LAPACK call; see the module docstring). As rllab's baseline does, when the
+    factorisation fails (float32 rounding on an ill-conditioned ``gram``) ``reg`` grows tenfold,
+    up to ``tries`` times.
+
+    >>> gram = jnp.array([[4.0, 2.0], [2.0, 3.0]])
+    >>> [round(float(x), 4) for x in ridge_solve(gram, jnp.array([2.0, 1.0]), 0.0)]
+    [0.5, 0.0]
+    """
+    size = gram.shape[-1]
+    index = jnp.arange(size)
+
+    def solve(reg):
+        matrix = gram + reg * jnp.eye(size, dtype=gram.dtype)
+
+        def column(j, low):  # low's columns >= j are still zero, so low @ low[j] sums k < j
+            residual = matrix[:, j] - low @ low[j]
+            return low.at[:, j].set(jnp.where(index >= j, residual / jnp.sqrt(residual[j]), 0.0))
+
+        low = jax.lax.fori_loop(0, size, column, jnp.zeros_like(matrix))
+
+        def forward(i, y):  # low y = rhs; y's entries >= i are still zero
+            return y.at[i].set((rhs[i] - low[i] @ y) / low[i, i])
+
+        def backward(k, x):  # low^T x = y, from the last row; x's entries <= i are still zero
+            i = size - 1 - k
+            return x.at[i].set((y[i] - low[:, i] @ x) / low[i, i])
+
+        y = jax.lax.fori_loop(0, size, forward, jnp.zeros_like(rhs))
+        return jax.lax.fori_loop(0, size, backward, jnp.zeros_like(rhs))
+
+    def failed(state):
+        attempt, x = state
+        return (attempt < tries) & ~jnp.all(jnp.isfinite(x))
+
+    def retry(state):
+        attempt, _ = state
+        return attempt + 1, solve(reg_coeff * 10.0 ** (attempt + 1))
+
+    return jax.lax.while_loop(failed, retry, (0, solve(reg_coeff)))[1]
 
 
 def predict_baseline(coeffs: jax.Array, traj: Trajectories) -> jax.Array:

@@ -20,6 +20,17 @@ log = logging.getLogger("metalearn")
 # spreading its matrix products onto the other devices' cores.
 ONE_THREAD_PER_CPU_DEVICE = "--xla_cpu_multi_thread_eigen=false"
 
+# jaxlib 0.10's CPU LAPACK kernels (Cholesky, triangular solves, LU, ...) split a large batch
+# of matrices across XLA's intra-op thread pool and block until the pieces are done. When a
+# program runs as many such calls at once as the pool has threads (two on a 2-core machine),
+# each waits for pieces no free thread will run, and the process hangs with every thread idle
+# (gdb: lapack_strsm_ffi -> ParallelBatchMap -> BlockingCounter::Wait; four independent batched
+# triangular solves in one jitted call hung 3 times in 3, an Ant evaluation of 40 tasks x 40
+# rollouts at its first call). Under XLA's other scheduler they do not start together (both
+# completed every time). It costs about 10% on Conv4's Omniglot step, so only runs whose
+# programs make batched LAPACK calls ask for it.
+SERIAL_LAPACK_SCHEDULING = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+
 
 def usable_cores() -> int:
     """The CPU cores this process may run on."""
@@ -44,6 +55,26 @@ def auto_cpu_devices(convolutional: bool, meta_batch_size: int, cores: int) -> i
     if not convolutional:
         return 1
     return max(n for n in range(1, max(cores, 1) + 1) if meta_batch_size % n == 0)
+
+
+def schedule_lapack_calls_serially() -> bool:
+    """Ask XLA:CPU for the scheduling under which batched LAPACK calls do not deadlock (see
+    ``SERIAL_LAPACK_SCHEDULING``); False if ``XLA_FLAGS`` already chooses the scheduler. Must
+    run before JAX's first computation (a backend already started keeps its flags).
+
+    >>> import os
+    >>> saved = os.environ.pop("XLA_FLAGS", None)
+    >>> schedule_lapack_calls_serially(), schedule_lapack_calls_serially()
+    (True, False)
+    >>> os.environ["XLA_FLAGS"]
+    '--xla_cpu_enable_concurrency_optimized_scheduler=false'
+    >>> _ = os.environ.pop("XLA_FLAGS") if saved is None else os.environ.update(XLA_FLAGS=saved)
+    """
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_cpu_enable_concurrency_optimized_scheduler" in flags:
+        return False
+    os.environ["XLA_FLAGS"] = f"{flags} {SERIAL_LAPACK_SCHEDULING}".strip()
+    return True
 
 
 def start_cpu_devices(count: int) -> bool:

@@ -184,6 +184,20 @@ def cpu_devices_for(cfg: Config, cores: int | None = None) -> int:
     return auto_cpu_devices(parts.convolutional, t.meta_batch_size, count)
 
 
+def needs_serial_lapack(cfg: Config) -> bool:
+    """Whether a run's programs make batched LAPACK calls on CPU, so that it must ask for
+    :func:`~metalearn.runner.cpu_backend.schedule_lapack_calls_serially` before JAX starts: an
+    RL environment registered with ``batched_linalg`` (the locomotion families).
+
+    >>> from metalearn.rl.family import RLTasksConfig
+    >>> [needs_serial_lapack(Config(data=RLTasksConfig(env=e))) for e in ("nav2d", "ant_dir")]
+    [False, True]
+    """
+    from metalearn.rl.envs import BATCHED_LINALG_ENVS
+
+    return getattr(cfg.data, "env", None) in BATCHED_LINALG_ENVS
+
+
 def build_experiment(cfg: Config) -> Experiment:
     """Everything a run needs, from a config already checked by :func:`config.validate`."""
     tasks = TASKS.build(cfg.data)

@@ -6,7 +6,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from metalearn.rl.baseline import advantages, discounted_returns, fit_linear_baseline
+from metalearn.rl.baseline import (
+    advantages,
+    discounted_returns,
+    fit_linear_baseline,
+    ridge_solve,
+)
 from metalearn.rl.envs import NAV2D
 from metalearn.rl.policy import init_policy, policy_apply
 from metalearn.rl.rollout import Trajectories, rollouts
@@ -74,3 +79,38 @@ def test_normalized_advantages_have_zero_mean_unit_std_over_valid_steps():
     valid = np.asarray(traj.mask).astype(bool)
     np.testing.assert_allclose(adv[valid].mean(), 0.0, atol=1e-5)
     np.testing.assert_allclose(adv[valid].std(), 1.0, atol=1e-4)
+
+
+def test_ridge_solve_matches_numpy_and_retries_a_failed_factorisation():
+    rng = np.random.default_rng(0)
+    m = rng.normal(size=(30, 12))
+    gram, rhs = m.T @ m, rng.normal(size=12)
+    got = np.asarray(
+        ridge_solve(jnp.asarray(gram, jnp.float32), jnp.asarray(rhs, jnp.float32), 1e-5)
+    )
+    expected = np.linalg.solve(gram + 1e-5 * np.eye(12), rhs)
+    np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4 * np.abs(expected).max())
+    # Rank one, with a ridge below float32's rounding: the first factorisation fails (NaN), a
+    # larger ridge succeeds, as rllab's baseline retries.
+    v = jnp.array([1.0, 2.0, 3.0])
+    singular = jnp.outer(v, v)
+    assert not np.all(np.isfinite(np.asarray(ridge_solve(singular, v, 1e-10, tries=0))))
+    x = np.asarray(ridge_solve(singular, v, 1e-10))
+    assert np.all(np.isfinite(x))
+    np.testing.assert_allclose(np.asarray(singular) @ x, np.asarray(v), rtol=1e-2)
+
+
+def test_meta_iteration_on_nav2d_makes_no_lapack_call():
+    # The baseline's solve is written in lax loops: jaxlib 0.10's batched LAPACK kernels can
+    # deadlock XLA:CPU's thread pool (metalearn/rl/baseline.py), so nav2d's programs have none.
+    import re
+
+    from metalearn.rl.maml_rl import MAMLRLConfig, make_meta_iteration
+    from metalearn.rl.trpo import TRPOConfig
+
+    cfg = MAMLRLConfig(num_tasks=2, num_post_rollouts=2, trpo=TRPOConfig(cg_iters=2))
+    init, iteration = make_meta_iteration(NAV2D, policy_apply, cfg)
+    params = init_policy(jax.random.key(0), 2, 2, hidden=(8,))
+    program = iteration.lower(init(params), jax.random.key(1)).compile().as_text()
+    targets = set(re.findall(r'custom_call_target="([^"]+)"', program))
+    assert not {t for t in targets if "lapack" in t}, targets

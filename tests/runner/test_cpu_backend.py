@@ -53,3 +53,49 @@ def test_an_explicit_device_count_wins():
         [sys.executable, "-c", code], capture_output=True, text=True, env=checkout_env(env)
     )
     assert result.stdout.split() == ["True", "2"], result.stderr[-2000:]
+
+
+# Four independent batched triangular solves in one jitted call: with XLA:CPU's default
+# scheduler jaxlib 0.10's LAPACK kernels deadlock on them (each splits its batch across the
+# intra-op pool and waits for the pieces); under serial LAPACK scheduling the calls complete.
+LAPACK_CALLS = """
+import jax, jax.numpy as jnp
+from jax.scipy.linalg import solve_triangular
+from metalearn.runner.cpu_backend import schedule_lapack_calls_serially
+assert schedule_lapack_calls_serially()
+a = jnp.tril(jax.random.normal(jax.random.key(0), (4, 256, 64, 64))) + 10 * jnp.eye(64)
+b = jax.random.normal(jax.random.key(1), (4, 256, 64, 8))
+solves = jax.jit(lambda a, b: [solve_triangular(a[i], b[i], lower=True) for i in range(4)])
+for _ in range(100):
+    jax.block_until_ready(solves(a, b))
+print("completed")
+"""
+
+
+def test_serial_lapack_scheduling_lets_concurrent_batched_solves_complete():
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", LAPACK_CALLS],
+            capture_output=True,
+            text=True,
+            env=checkout_env(env),
+            timeout=120,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("batched LAPACK calls deadlocked under schedule_lapack_calls_serially()")
+    assert result.stdout.split() == ["completed"], result.stderr[-2000:]
+
+
+def test_runs_on_locomotion_environments_ask_for_serial_lapack_scheduling():
+    from metalearn.rl.family import RLTasksConfig
+    from metalearn.runner.experiment import needs_serial_lapack
+
+    envs = ("nav2d", "cheetah_dir", "cheetah_vel", "ant_dir")
+    assert [needs_serial_lapack(Config(data=RLTasksConfig(env=e))) for e in envs] == [
+        False,
+        True,
+        True,
+        True,
+    ]
+    assert not needs_serial_lapack(Config())  # sinusoid: no LAPACK call in its programs

@@ -32,14 +32,24 @@ class Env(NamedTuple):
 # name -> factory building the environment (called when a run selects it, so a locomotion
 # environment's physics library is imported only by the runs that use it).
 ENVS: dict[str, Callable[[], Env]] = {}
+# Environments whose step makes batched LAPACK calls on CPU (Brax's physics factorises a batch
+# of mass matrices every step): a run on them asks XLA:CPU for serial LAPACK scheduling
+# (metalearn.runner.cpu_backend.schedule_lapack_calls_serially).
+BATCHED_LINALG_ENVS: set[str] = set()
 
 
-def register_env(name: str) -> Callable[[Callable[[], Env]], Callable[[], Env]]:
+def register_env(
+    name: str, *, batched_linalg: bool = False
+) -> Callable[[Callable[[], Env]], Callable[[], Env]]:
     """Decorator: ``@register_env("nav2d")`` above a factory ``() -> Env``; ``data.env=NAME``
-    then selects it in a run (:mod:`metalearn.rl.family`)."""
+    then selects it in a run (:mod:`metalearn.rl.family`). ``batched_linalg=True`` for an
+    environment whose step calls LAPACK-backed linear algebra (``jnp.linalg``,
+    ``jax.scipy.linalg``) on a batch: see :data:`BATCHED_LINALG_ENVS`."""
 
     def decorate(factory: Callable[[], Env]) -> Callable[[], Env]:
         ENVS[name] = factory
+        if batched_linalg:
+            BATCHED_LINALG_ENVS.add(name)
         return factory
 
     return decorate

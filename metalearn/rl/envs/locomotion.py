@@ -190,7 +190,8 @@ def env_dt(name: str, backend: str = DEFAULT_BACKEND) -> float:
 
 
 def _register(name: str) -> None:
-    register_env(name)(lambda: make_locomotion_env(name))
+    # Brax's generalized pipeline solves with a Cholesky factor of the mass matrix every step
+    register_env(name, batched_linalg=True)(lambda: make_locomotion_env(name))
 
 
 for _name in FAMILIES:  # data.env=cheetah_dir etc.: the default backend, horizon 200
