@@ -25,7 +25,8 @@ import jax.numpy as jnp
 
 from metalearn.core.curvature import cg_solve
 from metalearn.rl.envs import NAV2D
-from metalearn.rl.estimators import collect_task_batch, meta_surrogate, post_kl, post_kl_fisher
+from metalearn.rl.estimators import post_kl_fisher
+from metalearn.rl.maml_rl import collect_meta_batch, trpo_objectives
 from metalearn.rl.policy import policy_apply
 from metalearn.rl.trpo import fisher_vector_product, trpo_step
 
@@ -104,33 +105,26 @@ def compute_floor(params: Any, key: jax.Array, cfg) -> dict[str, float]:
 
 
 def _objectives(cfg):
-    """``batch -> (surrogate, kl)`` as functions of the parameters, as make_meta_iteration
-    builds them (means over the batch's tasks)."""
-    inner, est = cfg.inner, cfg.estimator
-
-    def over_tasks(fn, batch):
-        return lambda p: jnp.mean(jax.vmap(lambda b: fn(p, b))(batch))
+    """``batch -> (surrogate, kl)``: TRPO's objectives on a batch, as the meta-iteration
+    builds them (:func:`metalearn.rl.maml_rl.trpo_objectives`)."""
 
     def surrogate_of(batch):
-        return over_tasks(lambda p, b: meta_surrogate(policy_apply, p, b, inner, est), batch)
+        return trpo_objectives(policy_apply, cfg, batch)[0]
 
     def kl_of(batch):
-        return over_tasks(lambda p, b: post_kl(policy_apply, p, b, inner, est), batch)
+        return trpo_objectives(policy_apply, cfg, batch)[1]
 
     return surrogate_of, kl_of
 
 
 def _collector(cfg):
-    """Jitted ``(params, key) -> batch``: every task's rollouts and inner step."""
+    """Jitted ``(params, key) -> batch``: every task's rollouts and inner step, as the
+    meta-iteration samples them (:func:`metalearn.rl.maml_rl.collect_meta_batch`)."""
 
     def collect(params, key):
         tasks = NAV2D.sample_tasks(key, cfg.num_tasks)
         keys = jax.random.split(key, cfg.num_tasks)
-        return jax.vmap(
-            lambda k, t: collect_task_batch(
-                NAV2D, policy_apply, params, k, t, cfg.inner, cfg.num_post_rollouts
-            )
-        )(keys, tasks)
+        return collect_meta_batch(NAV2D, policy_apply, cfg, params, keys, tasks)
 
     return jax.jit(collect)
 

@@ -78,6 +78,24 @@ def collect_meta_batch(
     return jax.vmap(collect)(keys, tasks)
 
 
+def _mean_over_tasks(fn: Callable, batch: TaskBatch) -> Callable[[Params], jax.Array]:
+    """``params -> mean over the batch's tasks of fn(params, task_batch)``."""
+    return lambda p: jnp.mean(jax.vmap(lambda b: fn(p, b))(batch))
+
+
+def trpo_objectives(
+    policy_apply: PolicyApply, cfg: MAMLRLConfig, batch: TaskBatch
+) -> tuple[Callable[[Params], jax.Array], Callable[[Params], jax.Array]]:
+    """TRPO's ``(surrogate, kl)`` on a collected meta-batch, each a function of the policy
+    parameters: the meta-surrogate of ``cfg.estimator`` and the post-update policies' KL from
+    the sampling ones, both means over the tasks (what :func:`outer_update` steps on)."""
+    surrogate = _mean_over_tasks(
+        lambda p, b: meta_surrogate(policy_apply, p, b, cfg.inner, cfg.estimator), batch
+    )
+    kl = _mean_over_tasks(lambda p, b: post_kl(policy_apply, p, b, cfg.inner, cfg.estimator), batch)
+    return surrogate, kl
+
+
 def outer_update(
     policy_apply: PolicyApply,
     cfg: MAMLRLConfig,
@@ -94,24 +112,19 @@ def outer_update(
     :class:`~metalearn.rl.trpo.TRPOInfo` fields or PPO's last ``surrogate``.
     """
 
-    def over_tasks(fn):
-        return lambda p: jnp.mean(jax.vmap(lambda b: fn(p, b))(batch))
-
     metrics = {"post_return": jnp.mean(episode_returns(batch.post))}
     if batch.pre:
         metrics["pre_return"] = jnp.mean(episode_returns(batch.pre[0]))
     if cfg.outer == "trpo":
-        surrogate = over_tasks(
-            lambda p, b: meta_surrogate(policy_apply, p, b, cfg.inner, cfg.estimator)
-        )
-        kl = over_tasks(lambda p, b: post_kl(policy_apply, p, b, cfg.inner, cfg.estimator))
+        surrogate, kl = trpo_objectives(policy_apply, cfg, batch)
         # the KL's Hessian as J^T F J: exact at the sampling parameters, second order
         fisher = post_kl_fisher(policy_apply, params, batch, cfg.inner, cfg.estimator)
         params, info = trpo_step(surrogate, kl, params, cfg.trpo, kl_hvp=fisher)
         metrics.update(info._asdict())
         return params, opt_state, metrics
-    objective = over_tasks(
-        lambda p, b: clipped_surrogate(policy_apply, p, b, cfg.inner, cfg.estimator, cfg.ppo.clip)
+    objective = _mean_over_tasks(
+        lambda p, b: clipped_surrogate(policy_apply, p, b, cfg.inner, cfg.estimator, cfg.ppo.clip),
+        batch,
     )
     params, opt_state, value = ppo_epochs(
         objective, params, opt_state, optimizer, cfg.ppo.num_epochs
