@@ -198,6 +198,29 @@ def needs_serial_lapack(cfg: Config) -> bool:
     return getattr(cfg.data, "env", None) in BATCHED_LINALG_ENVS
 
 
+def lapack_device_warning(cfg: Config, platform: str, device_count: int) -> str | None:
+    """The line a run logs when it shards a locomotion family's physics over several XLA:CPU
+    devices (``JAX_NUM_CPU_DEVICES``): serial LAPACK scheduling orders the calls within one
+    device, not across devices, so two devices' batched Cholesky solves can still deadlock
+    (experiments/rl/locomotion/README.md). None for any other run.
+
+    >>> from metalearn.rl.family import RLTasksConfig
+    >>> def warning(env, devices):
+    ...     return lapack_device_warning(Config(data=RLTasksConfig(env=env)), "cpu", devices)
+    >>> warning("cheetah_dir", 2).startswith("2 XLA:CPU devices on cheetah_dir: ")
+    True
+    >>> warning("cheetah_dir", 1), warning("nav2d", 2)
+    (None, None)
+    """
+    if platform != "cpu" or device_count < 2 or not needs_serial_lapack(cfg):
+        return None
+    return (
+        f"{device_count} XLA:CPU devices on {cfg.data.env}: jaxlib 0.10's batched LAPACK calls "
+        "(the physics' Cholesky) can deadlock across devices on large batches; if the run "
+        "stops making progress, stop it and resume with one device (unset JAX_NUM_CPU_DEVICES)"
+    )
+
+
 def build_experiment(cfg: Config) -> Experiment:
     """Everything a run needs, from a config already checked by :func:`config.validate`."""
     tasks = TASKS.build(cfg.data)

@@ -22,7 +22,12 @@ from metalearn.runner.evaluation import (
     format_record,
     selection_score,
 )
-from metalearn.runner.experiment import Experiment, build_experiment, count_parameters
+from metalearn.runner.experiment import (
+    Experiment,
+    build_experiment,
+    count_parameters,
+    lapack_device_warning,
+)
 from metalearn.runner.reporting import MetricsWriter, Progress
 from metalearn.runner.rundir import check_rerun, record_config, saved_steps
 from metalearn.runner.signals import Interrupted, StopRequest
@@ -243,6 +248,9 @@ def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
         jax.device_count(),
         jax.devices()[0].platform,
     )
+    warning = lapack_device_warning(cfg, jax.devices()[0].platform, jax.device_count())
+    if warning:
+        log.warning(warning)
     writer = MetricsWriter(runner.workdir, resume_step=step, enabled=is_primary_host())
     progress = Progress(t.meta_steps, step, t.progress_bar)
     start_time, pending, in_flight = time.perf_counter(), [], InFlight()
