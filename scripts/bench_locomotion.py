@@ -7,6 +7,9 @@ tasks x ``--rollouts`` rollouts x ``--horizon`` steps of the 6-100-100-6 Gaussia
 shape of one MAML-RL sampling pass), and report the first call's time (compile + one run), the
 steady time per call (median of ``--reps``) and env steps/s. Writes
 ``locomotion_backends.json`` to ``--out``.
+
+``--devices N`` starts N XLA:CPU devices (one thread each) and splits the tasks across them,
+as ``JAX_NUM_CPU_DEVICES=N`` does for a training run (experiments/rl/locomotion/README.md).
 """
 
 from __future__ import annotations
@@ -21,10 +24,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from metalearn.rl.envs.locomotion import BACKENDS, env_dt, make_locomotion_env
 from metalearn.rl.policy import init_policy, policy_apply
 from metalearn.rl.rollout import rollouts
+from metalearn.runner.cpu_backend import schedule_lapack_calls_serially, start_cpu_devices
+from metalearn.runner.devices import TASK_AXIS, shard_task_axis
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -35,13 +41,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rollouts", type=int, default=40)
     parser.add_argument("--horizon", type=int, default=200)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--devices", type=int, default=1, help="XLA:CPU devices sharing the tasks")
     parser.add_argument("--out", type=Path, default=Path("experiments/rl"))
     args = parser.parse_args(argv)
     unknown = sorted(set(args.backends) - set(BACKENDS))
     if unknown:
         raise ValueError(f"unknown backends {unknown}; choose from {list(BACKENDS)}")
-    if min(args.tasks, args.rollouts, args.horizon, args.reps) < 1:
-        raise ValueError("--tasks, --rollouts, --horizon and --reps must be at least 1")
+    if min(args.tasks, args.rollouts, args.horizon, args.reps, args.devices) < 1:
+        raise ValueError("--tasks, --rollouts, --horizon, --reps and --devices must be at least 1")
+    if args.tasks % args.devices:
+        raise ValueError(f"--tasks ({args.tasks}) must be a multiple of --devices ({args.devices})")
     return args
 
 
@@ -53,9 +62,12 @@ def measure(args: argparse.Namespace, backend: str) -> dict:
     params = init_policy(jax.random.key(0), env.obs_dim, env.action_dim)
     tasks = env.sample_tasks(jax.random.key(1), args.tasks)
 
+    mesh = Mesh(jax.devices()[: args.devices], (TASK_AXIS,))
+    tasks = jax.device_put(tasks, NamedSharding(mesh, PartitionSpec(TASK_AXIS)))
+
     @jax.jit
     def sample(key):
-        keys = jax.random.split(key, args.tasks)
+        keys = shard_task_axis(jax.random.split(key, args.tasks), mesh)
         batch = jax.vmap(lambda k, t: rollouts(env, policy_apply, params, k, t, args.rollouts))(
             keys, tasks
         )
@@ -91,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    start_cpu_devices(args.devices)  # before JAX's first computation
+    schedule_lapack_calls_serially()
     results = {
         "command": "python scripts/bench_locomotion.py " + " ".join(sys.argv[1:]),
         "jax": jax.__version__,

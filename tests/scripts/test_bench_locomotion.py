@@ -24,6 +24,7 @@ def _bench_locomotion():
     [
         (["--backends", "bullet"], "unknown backends ['bullet']"),
         (["--horizon", "0"], "must be at least 1"),
+        (["--tasks", "3", "--devices", "2"], "must be a multiple of --devices"),
     ],
 )
 def test_bad_input_is_one_error_line_and_exit_2(argv, message, capsys):
