@@ -34,6 +34,7 @@ class GaussianMLP(nn.Module):
     hidden_sizes: Sequence[int]
     action_dim: int
     init_std: float = 1.0
+    head_scale: float = 1.0  # the mean layer's Glorot weights times this
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -41,7 +42,8 @@ class GaussianMLP(nn.Module):
         h = obs
         for i, width in enumerate(self.hidden_sizes):
             h = nn.relu(nn.Dense(width, kernel_init=glorot, name=f"hidden_{i}")(h))
-        mean = nn.Dense(self.action_dim, kernel_init=glorot, name="head")(h)
+        head_init = lambda *a: self.head_scale * glorot(*a)  # noqa: E731
+        mean = nn.Dense(self.action_dim, kernel_init=head_init, name="head")(h)
         log_std = self.param(
             "log_std", nn.initializers.constant(math.log(self.init_std)), (self.action_dim,)
         )
@@ -53,6 +55,9 @@ class GaussianMLPConfig:
     name: str = "gaussian_mlp"
     hidden_sizes: tuple[int, ...] = (100, 100)
     init_std: float = 1.0  # rllab's GaussianMLPPolicy
+    # The mean layer's initial weights: Glorot-uniform times this (1: the paper's). Smaller
+    # values start the mean actions near 0 instead of beyond a control range.
+    head_init_scale: float = 1.0
 
 
 @MODELS.register("gaussian_mlp", GaussianMLPConfig, parts=ModelParts(head="head"))
@@ -65,6 +70,7 @@ def gaussian_mlp(num_outputs: int, config: GaussianMLPConfig | None = None) -> G
     c = config or GaussianMLPConfig()
     if not c.hidden_sizes or min(c.hidden_sizes) < 1:
         raise ValueError(f"model.hidden_sizes must be positive widths, got {c.hidden_sizes}")
-    if not c.init_std > 0:
-        raise ValueError(f"model.init_std must be > 0, got {c.init_std}")
-    return GaussianMLP(tuple(c.hidden_sizes), num_outputs, c.init_std)
+    for key in ("init_std", "head_init_scale"):
+        if not getattr(c, key) > 0:
+            raise ValueError(f"model.{key} must be > 0, got {getattr(c, key)}")
+    return GaussianMLP(tuple(c.hidden_sizes), num_outputs, c.init_std, c.head_init_scale)
