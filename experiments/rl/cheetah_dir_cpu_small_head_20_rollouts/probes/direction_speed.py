@@ -1,0 +1,87 @@
+"""What an inner step changes on HalfCheetah direction: the speed along the task's direction and
+the control cost, before and after 1-3 inner steps (the evaluation's rates 0.1, 0.05, 0.05 and
+rollouts), on held-out tasks. The speed is the root's x velocity in the observation (index 8:
+``qd[0]`` after the eight ``q[1:]``) times the task's direction, averaged over an episode's steps.
+``python direction_speed.py RUN_DIR [best|latest|init] [TASKS]`` (``init``: the run's untrained
+initialisation); prints one JSON line."""
+
+import json
+import sys
+
+from metalearn.runner.cpu_backend import schedule_lapack_calls_serially
+
+schedule_lapack_calls_serially()  # before JAX's first computation
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from metalearn.evaluate import load_run_config  # noqa: E402
+from metalearn.rl.envs.locomotion import FAMILIES  # noqa: E402
+from metalearn.rl.inner import InnerConfig, sample_adaptation  # noqa: E402
+from metalearn.rl.rollout import rollouts  # noqa: E402
+from metalearn.runner.loop import Runner, load_for_evaluation  # noqa: E402
+from metalearn.runner.steps import trained  # noqa: E402
+
+run_dir = sys.argv[1]
+which = sys.argv[2] if len(sys.argv) > 2 else "latest"
+num_tasks = int(sys.argv[3]) if len(sys.argv) > 3 else 40
+cfg = load_run_config(run_dir, [])
+if which == "init":
+    runner = Runner(cfg, run_dir)
+    runner.loaded, runner.loaded_step, params = "init", 0, trained(runner.initial_state).meta_params
+else:
+    runner, saved = load_for_evaluation(cfg, run_dir, which)
+    params = saved.meta_params
+env, policy_apply = runner.exp.objective.env, runner.exp.objective.policy_apply
+inner = InnerConfig(num_steps=3, lrs=(0.1, 0.05, 0.05), num_rollouts=cfg.algorithm.eval_rollouts)
+ctrl_weight = FAMILIES["cheetah_dir"].ctrl_cost
+
+
+def per_step(traj, task):
+    """Mean over valid steps of the directional speed and of the control cost."""
+    valid = traj.mask
+    speed = jnp.sum(task * traj.obs[..., 8] * valid) / jnp.sum(valid)
+    ctrl = ctrl_weight * jnp.sum(jnp.clip(traj.actions, -1, 1) ** 2, axis=-1)
+    return speed, jnp.sum(ctrl * valid) / jnp.sum(valid)
+
+
+@jax.jit
+def measure(key, task):
+    inner_key, last_key = jax.random.split(key)
+    batches, _, adapted = sample_adaptation(env, policy_apply, params, inner_key, task, inner)
+    last = rollouts(env, policy_apply, adapted, last_key, task, inner.num_rollouts)
+    return jnp.array([per_step(t, task) for t in [*batches, last]])  # (steps + 1, 2)
+
+
+tasks = env.sample_tasks(jax.random.key(20261124), num_tasks)
+keys = jax.random.split(jax.random.key(7), num_tasks)
+values = jnp.stack([measure(k, t) for k, t in zip(keys, tasks, strict=True)])  # (tasks, 4, 2)
+mean = jnp.mean(values, axis=0)
+half = 1.96 * jnp.std(values, axis=0, ddof=1) / num_tasks**0.5
+gain = values[:, 1:, 0] - values[:, :1, 0]
+print(
+    json.dumps(
+        {
+            "run": run_dir,
+            "which": runner.loaded,
+            "step": runner.loaded_step,
+            "tasks": num_tasks,
+            "rollouts": inner.num_rollouts,
+            "speed": [
+                [round(float(m), 3), round(float(h), 3)]
+                for m, h in zip(mean[:, 0], half[:, 0], strict=True)
+            ],
+            "ctrl_cost": [
+                [round(float(m), 4), round(float(h), 4)]
+                for m, h in zip(mean[:, 1], half[:, 1], strict=True)
+            ],
+            "speed_gain": [
+                [
+                    round(float(jnp.mean(g)), 3),
+                    round(float(1.96 * jnp.std(g, ddof=1) / num_tasks**0.5), 3),
+                ]
+                for g in gain.T
+            ],
+        }
+    )
+)
