@@ -16,6 +16,7 @@ arithmetic takes on this machine, whoever runs it.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from typing import Any
@@ -68,7 +69,7 @@ def compute_floor(params: Any, key: jax.Array, cfg) -> dict[str, float]:
     :func:`peak_gflops`."""
     inner, est = cfg.inner, cfg.estimator
     batch = _collector(cfg)(params, key)
-    surrogate_of, kl_of = _objectives(cfg)
+    objectives = functools.partial(trpo_objectives, policy_apply, cfg)  # batch -> (surr., kl)
     v = jax.tree.map(jnp.ones_like, params)
 
     def products(count):  # linearise once, then `count` Fisher-vector products, unrolled
@@ -82,12 +83,10 @@ def compute_floor(params: Any, key: jax.Array, cfg) -> dict[str, float]:
 
     one, two = (_gflop(products(n), params, batch, v) for n in (1, 2))
     parts = {
-        "meta-gradient": _gflop(lambda p, b: jax.grad(surrogate_of(b))(p), params, batch),
+        "meta-gradient": _gflop(lambda p, b: jax.grad(objectives(b)[0])(p), params, batch),
         "linearisation": 2 * one - two,
         "one FVP": two - one,
-        "one line-search evaluation": _gflop(
-            lambda p, b: (surrogate_of(b)(p), kl_of(b)(p)), params, batch
-        ),
+        "one line-search evaluation": _gflop(_line_search_evaluation(objectives), params, batch),
     }
     total = (
         parts["meta-gradient"]
@@ -104,17 +103,14 @@ def compute_floor(params: Any, key: jax.Array, cfg) -> dict[str, float]:
     }
 
 
-def _objectives(cfg):
-    """``batch -> (surrogate, kl)``: TRPO's objectives on a batch, as the meta-iteration
-    builds them (:func:`metalearn.rl.maml_rl.trpo_objectives`)."""
+def _line_search_evaluation(objectives):
+    """``(params, batch) -> (surrogate, kl)`` at ``params``: what one backtracking step computes."""
 
-    def surrogate_of(batch):
-        return trpo_objectives(policy_apply, cfg, batch)[0]
+    def evaluate(params, batch):
+        surrogate, kl = objectives(batch)
+        return surrogate(params), kl(params)
 
-    def kl_of(batch):
-        return trpo_objectives(policy_apply, cfg, batch)[1]
-
-    return surrogate_of, kl_of
+    return evaluate
 
 
 def _collector(cfg):
@@ -134,10 +130,7 @@ def profile_metalearn(params: Any, key: jax.Array, cfg) -> dict[str, float]:
     inner, est = cfg.inner, cfg.estimator
     collect = _collector(cfg)
 
-    surrogate_of, kl_of = _objectives(cfg)
-
-    def objectives(batch):
-        return surrogate_of(batch), kl_of(batch)
+    objectives = functools.partial(trpo_objectives, policy_apply, cfg)  # batch -> (surr., kl)
 
     def grad(params, batch):
         return jax.grad(objectives(batch)[0])(params)
@@ -153,9 +146,7 @@ def profile_metalearn(params: Any, key: jax.Array, cfg) -> dict[str, float]:
         matvec = lambda v: jax.tree.map(lambda h, x: h + cfg.trpo.damping * x, fisher(v), v)  # noqa: E731
         return cg_solve(matvec, g, max_iters=cfg.trpo.cg_iters, tol=1e-10).x
 
-    def evaluate(params, batch):
-        surrogate, kl = objectives(batch)
-        return surrogate(params), kl(params)
+    evaluate = _line_search_evaluation(objectives)
 
     def step(params, batch):
         fisher = post_kl_fisher(policy_apply, params, batch, inner, est)
