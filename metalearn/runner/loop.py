@@ -28,7 +28,7 @@ from metalearn.runner.experiment import (
     count_parameters,
     lapack_device_warning,
 )
-from metalearn.runner.reporting import MetricsWriter, Progress
+from metalearn.runner.reporting import MetricsWriter, Progress, timed_rate
 from metalearn.runner.rundir import check_rerun, record_config, saved_steps
 from metalearn.runner.signals import Interrupted, StopRequest
 from metalearn.runner.steps import (
@@ -87,6 +87,7 @@ class Runner:
         )
         self._compiled: dict[int, Any] = {}
         self.compile_seconds = 0.0
+        self.compile_steps = 0  # meta-steps run by compiling calls: their time is compile time
         self.pause_seconds = 0.0  # validation and checkpoint saves: with compiling, not in steps/s
         self._eval_step = make_eval_step(
             self.exp.learner_for,
@@ -105,7 +106,8 @@ class Runner:
         """Run ``num_steps`` fused meta-steps; compiles (timed) on first use of a length.
 
         The first call of a new length is waited for and counted as compile time too: XLA
-        finishes preparing the program on its first run (~0.2 s for a tiny MLP on a CPU).
+        finishes preparing the program on its first run (~0.2 s for a tiny MLP on a CPU). Its
+        steps are counted in ``compile_steps``, so that steps/s counts neither.
         """
         arrays = self.splits["train"]
         if num_steps in self._compiled:
@@ -114,6 +116,7 @@ class Runner:
         self._compiled[num_steps] = self.lower(state, num_steps).compile()
         result = jax.block_until_ready(self._compiled[num_steps](state, arrays, self.hyper))
         self.compile_seconds += time.perf_counter() - start
+        self.compile_steps += num_steps
         log.info("compiled %d fused meta-step(s) in %.1f s", num_steps, time.perf_counter() - start)
         return result
 
@@ -295,7 +298,9 @@ def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
         "step": step,
         "train_seconds": train_seconds,
         "compile_seconds": runner.compile_seconds,
-        "steps_per_s": (step - start_step) / max(train_seconds - untimed, 1e-9),
+        "steps_per_s": timed_rate(
+            step - start_step - runner.compile_steps, train_seconds - untimed
+        ),
         "task_batching": runner.exp.task_batching,
         "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
         "best_val_score": _json_float(best_score),
@@ -318,12 +323,14 @@ def _log_training(
     averaged = _average(pending)
     if not all(math.isfinite(v) for v in averaged.values()):
         raise runner.non_finite(step, f"training metrics {averaged}")
-    rate = progress.update(step, averaged, runner.compile_seconds + runner.pause_seconds)
+    rate = progress.update(
+        step, averaged, runner.compile_seconds + runner.pause_seconds, runner.compile_steps
+    )
     writer.write(
         {
             "step": step,
             "split": "train",
-            "steps_per_s": rate,
+            **({"steps_per_s": rate} if rate is not None else {}),
             **{f"train/{k}": v for k, v in averaged.items()},
         }
     )

@@ -84,6 +84,17 @@ class _FileOnly(logging.Filter):
         return not getattr(record, "file_only", False)
 
 
+def timed_rate(steps: int, seconds: float) -> float | None:
+    """Steps per second over timed training, or ``None`` when no step was timed.
+
+    >>> timed_rate(50, 2.0)
+    25.0
+    >>> timed_rate(0, 0.0) is None
+    True
+    """
+    return steps / max(seconds, 1e-9) if steps > 0 else None
+
+
 class Progress:
     """A progress bar with steps/s and loss on a terminal; plain log lines otherwise.
 
@@ -96,7 +107,8 @@ class Progress:
     def __init__(self, total: int, initial: int, mode: str):
         use_bar = mode == "bar" or (mode == "auto" and sys.stderr.isatty())
         self.total = total
-        self._last_step, self._last_time, self._last_untimed = initial, time.perf_counter(), 0.0
+        self._last_step, self._last_time = initial, time.perf_counter()
+        self._last_untimed, self._last_untimed_steps = 0.0, 0
         self._bar = None
         self._console: list[logging.Handler] = []
         self._file_only = _FileOnly()
@@ -115,26 +127,37 @@ class Progress:
         if self._bar is not None:
             self._bar.update(step - self._bar.n)
 
-    def update(self, step: int, metrics: dict[str, float], untimed_seconds: float = 0.0) -> float:
+    def update(
+        self,
+        step: int,
+        metrics: dict[str, float],
+        untimed_seconds: float = 0.0,
+        untimed_steps: int = 0,
+    ) -> float | None:
         """Report metrics at ``step``; returns training steps/s since the previous report.
 
         ``untimed_seconds`` is the running total of time spent outside training steps
-        (compiling, validating); what it grew by since the previous report is left out.
+        (compiling, validating) and ``untimed_steps`` the running total of steps run inside it
+        (a compiling call's); what they grew by since the previous report is left out. ``None``
+        (and no rate on the line) when every step since then ran while compiling.
         """
         now = time.perf_counter()
-        elapsed = now - self._last_time - (untimed_seconds - self._last_untimed)
-        rate = (step - self._last_step) / max(elapsed, 1e-9)
-        self._last_step, self._last_time, self._last_untimed = step, now, untimed_seconds
+        rate = timed_rate(
+            step - self._last_step - (untimed_steps - self._last_untimed_steps),
+            now - self._last_time - (untimed_seconds - self._last_untimed),
+        )
+        self._last_step, self._last_time = step, now
+        self._last_untimed, self._last_untimed_steps = untimed_seconds, untimed_steps
         summary = " ".join(f"{k} {v:.4g}" for k, v in metrics.items())
         if self._bar is not None:
             self._bar.set_postfix_str(summary, refresh=False)
             self.advance(step)
         log.info(
-            "step %d/%d | %s | %.1f steps/s",
+            "step %d/%d | %s | %s",
             step,
             self.total,
             summary,
-            rate,
+            "compiled" if rate is None else f"{rate:.1f} steps/s",
             extra={"file_only": self._bar is not None},
         )
         return rate
