@@ -5,8 +5,10 @@
 
 Each run directory's ``eval.json`` (written by ``python -m metalearn.train``) holds the mean
 return over held-out tasks, with its 95% confidence interval, after each number of inner steps;
-one line per run, error bars the CI. ``--table`` also prints the numbers as a Markdown table.
-Labels default to each run's experiment name (``config.yaml``'s ``name``).
+one line per run, error bars the CI. A JSON file in that format may stand for a run, e.g. a
+checkpoint re-evaluated by ``python -m metalearn.evaluate RUN --out FILE``. ``--table`` also
+prints the numbers as a Markdown table. Labels default to each run's experiment name
+(``config.yaml``'s ``name``; for a file, with the file's stem).
 """
 
 from __future__ import annotations
@@ -25,22 +27,25 @@ import yaml  # noqa: E402
 METRIC = "return"
 
 
-def read_returns(run_dir: Path) -> list[tuple[int, float, float]]:
-    """``[(inner steps, mean return, ci95)]`` from ``run_dir/eval.json``, by steps."""
-    path = run_dir / "eval.json"
+def read_returns(run: Path) -> list[tuple[int, float, float]]:
+    """``[(inner steps, mean return, ci95)]`` from ``run/eval.json`` (or the file ``run``)."""
+    path = run if run.is_file() else run / "eval.json"
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found: is {run_dir} a finished metalearn run?")
+        raise FileNotFoundError(f"{path} not found: is {run} a finished metalearn run?")
     records = [r for r in json.loads(path.read_text()) if r["metric"] == METRIC]
     if not records:
         raise ValueError(f"{path} has no '{METRIC}' records: not an RL run")
     return sorted((r["steps"], r["mean"], r["ci95"] or 0.0) for r in records)
 
 
-def default_label(run_dir: Path) -> str:
+def default_label(run: Path) -> str:
+    """The run's experiment name; for an evaluation file, its run's name and the file's stem."""
+    run_dir = run.parent if run.is_file() else run
     config = run_dir / "config.yaml"
+    name = run_dir.name
     if config.exists():
-        return str(yaml.safe_load(config.read_text()).get("name", run_dir.name))
-    return run_dir.name
+        name = str(yaml.safe_load(config.read_text()).get("name", run_dir.name))
+    return f"{name} ({run.stem})" if run.is_file() else name
 
 
 def markdown_table(rows: dict[str, list[tuple[int, float, float]]]) -> str:
@@ -76,7 +81,9 @@ def plot(rows: dict[str, list[tuple[int, float, float]]], out: Path, title: str)
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", type=Path, nargs="+", help="run directories")
+    parser.add_argument(
+        "runs", type=Path, nargs="+", help="run directories or evaluation JSON files"
+    )
     parser.add_argument("--labels", nargs="+", help="one per run (default: experiment names)")
     parser.add_argument("--out", type=Path, default=Path("rl_returns.png"))
     parser.add_argument("--title", default="2D navigation")

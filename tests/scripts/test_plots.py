@@ -68,6 +68,20 @@ def test_rl_returns_figure_and_table_from_run_directories(tmp_path):
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "eval.json" in bad.stderr
 
 
+def test_rl_returns_from_an_evaluation_file(tmp_path):
+    """A checkpoint re-evaluated by `metalearn.evaluate --out FILE` stands for its run."""
+    maml = _rl_run(tmp_path / "a", "rl_cheetah_dir_maml", [-40.0, -12.0, -8.0, -7.5])
+    later = maml / "eval_latest_100_tasks.json"
+    records = json.loads((maml / "eval.json").read_text())
+    later.write_text(json.dumps([{**r, "mean": r["mean"] + 1.0} for r in records]))
+    result = run_script(
+        "plot_rl_returns.py", str(maml), str(later), "--out", str(tmp_path / "r.png"), "--table"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "| rl_cheetah_dir_maml | -40.00 ± 1.00 |" in result.stdout
+    assert "| rl_cheetah_dir_maml (eval_latest_100_tasks) | -39.00 ± 1.00 |" in result.stdout
+
+
 def test_rl_training_curves_on_a_linear_axis_and_a_named_metric(tmp_path):
     run = tmp_path / "rl"
     run.mkdir()
