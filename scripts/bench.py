@@ -155,6 +155,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--markdown", nargs="+", metavar="JSONL", help="print these results as a Markdown table"
     )
+    p.add_argument(
+        "--count-flops",
+        metavar="JSONL",
+        help="fill in gflop_per_step and gflop_s of this file's metalearn rows that lack them "
+        "(a backend that gave no count), counting the same step on this machine",
+    )
     p.add_argument("--row", help=argparse.SUPPRESS)  # internal: run one spec (JSON), print row
     args = p.parse_args(argv)
     if args.steps_per_call != "auto" and not args.steps_per_call.isdigit():
@@ -421,6 +427,46 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def count_flops(path: Path) -> list[dict[str, Any]]:
+    """``--count-flops``: XLA's FLOP count of each metalearn row's step (the same case, inner
+    steps, order, meta-batch and convolution) on this machine, for rows measured where the
+    backend gave none; rewrites ``path`` with ``gflop_per_step``, ``gflop_s`` and
+    ``gflop_counted_on`` added. The count is of the program before device-specific fusion, so
+    it does not depend on the backend that ran the step."""
+    import jax
+    from bench_jax import step_gflop
+
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    counted: dict[tuple, float | None] = {}
+    for row in rows:
+        if row.get("impl") != "metalearn" or row.get("gflop_per_step") or not row["ms_per_step"]:
+            continue
+        key = (row["case"], row["inner_steps"], row["order"], row["meta_batch"], row["conv"])
+        if key not in counted:
+            spec = dict(CASES[row["case"]], **{k: row[k] for k in ("inner_steps", "order")})
+            spec.update(
+                meta_batch=row["meta_batch"],
+                conv=row["conv"],
+                remat=row.get("remat", False),
+                inner_unroll=row.get("inner_unroll", "full"),
+                batching="vmap",
+                cpu_devices=1,
+                steps_per_call=1,
+                outer_lr=1e-3,
+            )
+            counted[key] = step_gflop(spec)
+        if counted[key]:
+            row["gflop_per_step"] = counted[key]
+            row["gflop_s"] = counted[key] / (row["ms_per_step"] / 1e3)
+            row["gflop_counted_on"] = jax.devices()[0].platform
+            print(
+                f"{' '.join(map(str, key))}: {counted[key]:.1f} GFLOP/step, "
+                f"{row['gflop_s']:.0f} GFLOP/s on {row['device']}"
+            )
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
     if args.markdown:
@@ -438,6 +484,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if args.ceiling:
         return measure_ceiling(args)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    if args.count_flops:
+        return count_flops(Path(args.count_flops))
     out = None
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

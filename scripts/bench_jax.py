@@ -206,12 +206,21 @@ def build_step(spec: dict[str, Any], *, counting: bool = False) -> Built:
     return Built(jitted, state, arrays, strategy, int(fused))
 
 
-def step_gflop(spec: dict[str, Any]) -> float | None:
-    """XLA's count of one meta-step's floating-point operations, in GFLOP (from the lowered,
-    uncompiled step with ``vmap`` over tasks), or None where the backend gives no count."""
-    built = build_step(spec, counting=True)
-    cost = built.jitted.lower(built.state, built.arrays).cost_analysis()
+def _flops(cost: Any) -> float | None:
+    """The ``flops`` entry of a JAX cost analysis (a dict, or a list of one per program)."""
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else None
     flops = (cost or {}).get("flops")
+    return float(flops) if flops and flops > 0 else None
+
+
+def step_gflop(spec: dict[str, Any]) -> float | None:
+    """XLA's count of one meta-step's floating-point operations, in GFLOP (the step with
+    ``vmap`` over tasks: the lowered program's count, else the compiled one's, which is what
+    XLA:GPU gives), or None where the backend gives no count."""
+    built = build_step(spec, counting=True)
+    lowered = built.jitted.lower(built.state, built.arrays)
+    flops = _flops(lowered.cost_analysis()) or _flops(lowered.compile().cost_analysis())
     return flops / 1e9 if flops else None
 
 

@@ -296,6 +296,9 @@ def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
     summary = {
         "interrupted": False,
         "step": step,
+        # the step this process started from (0, or the checkpoint it resumed): the times and
+        # the rate below are this process's; a resumed run's earlier ones are in train.log
+        "start_step": start_step,
         "train_seconds": train_seconds,
         "compile_seconds": runner.compile_seconds,
         "steps_per_s": timed_rate(

@@ -74,12 +74,13 @@ def test_chunks_never_cross_a_boundary():
 def test_resumed_run_reaches_the_same_parameters(tmp_path):
     overrides = ["trainer.meta_steps=12", "trainer.checkpoint_every=4", "trainer.eval_every=0"]
     cfg = tiny_config(*overrides, "trainer.allow_changes=[trainer.meta_steps]")
-    train_and_evaluate(cfg, str(tmp_path / "straight"))
+    assert train_and_evaluate(cfg, str(tmp_path / "straight"))["start_step"] == 0
     # Interrupted after 8 steps (a shorter run), then resumed with the full config.
     short = tiny_config(*overrides[1:], "trainer.meta_steps=8")
     train_and_evaluate(short, str(tmp_path / "resumed"))
     assert CheckpointStore(str(tmp_path / "resumed" / "checkpoints"), 2).latest_step() == 8
-    train_and_evaluate(cfg, str(tmp_path / "resumed"))
+    summary = train_and_evaluate(cfg, str(tmp_path / "resumed"))
+    assert summary["start_step"] == 8  # the resumed process's own times, said so
     straight, resumed = (
         restore_latest_state(str(tmp_path / "straight"), cfg),
         restore_latest_state(str(tmp_path / "resumed"), cfg),

@@ -59,6 +59,28 @@ def test_metalearn_sinusoid_rows(bench, tmp_path, capsys):
     assert "sinusoid" in capsys.readouterr().out  # the table
 
 
+def test_count_flops_fills_in_rows_a_backend_left_without_a_count(bench, tmp_path):
+    """XLA:GPU gave no FLOP count for its rows; ``--count-flops`` counts the same step here. The
+    count must be the one the timed run took for the same spec, and a sane multiple of the
+    forward passes' arithmetic."""
+    (row,) = run_sinusoid(bench, tmp_path, "metalearn")
+    counted_when_timed = row.pop("gflop_per_step")
+    row.pop("gflop_s")
+    peer = dict(row, impl="higher")
+    path = tmp_path / "gpu.jsonl"
+    path.write_text(json.dumps(row) + "\n" + json.dumps(peer) + "\n")
+    bench.main(["--count-flops", str(path)])
+    filled, untouched = (json.loads(line) for line in path.read_text().splitlines())
+    assert filled["gflop_per_step"] == pytest.approx(counted_when_timed, rel=1e-6)
+    assert filled["gflop_s"] == pytest.approx(filled["gflop_per_step"] / (row["ms_per_step"] / 1e3))
+    assert filled["gflop_counted_on"] == "cpu"
+    assert untouched == peer
+    # MLP 1-40-40-1: 2 x (40 + 40 x 40 + 40) FLOPs per point forward; 25 tasks x 20 points,
+    # before and after the inner step; the backward passes add a few times that
+    forward = 2 * (40 + 40 * 40 + 40) * 25 * 20 * 2 / 1e9
+    assert forward < filled["gflop_per_step"] < 20 * forward
+
+
 @pytest.mark.skipif(not HAVE_HIGHER, reason=NO_HIGHER)
 def test_higher_sinusoid_rows(bench, tmp_path):
     rows = run_sinusoid(bench, tmp_path, "higher", "--torch-threads", "1")
