@@ -443,17 +443,13 @@ def count_flops(path: Path) -> list[dict[str, Any]]:
             continue
         key = (row["case"], row["inner_steps"], row["order"], row["meta_batch"], row["conv"])
         if key not in counted:
-            spec = dict(CASES[row["case"]], **{k: row[k] for k in ("inner_steps", "order")})
-            spec.update(
-                meta_batch=row["meta_batch"],
-                conv=row["conv"],
-                remat=row.get("remat", False),
-                inner_unroll=row.get("inner_unroll", "full"),
-                batching="vmap",
-                cpu_devices=1,
-                steps_per_call=1,
-                outer_lr=1e-3,
-            )
+            argv = ["--case", row["case"], "--impl", "metalearn", "--batching", "vmap"]
+            argv += ["--inner-steps", str(row["inner_steps"]), "--order", row["order"]]
+            argv += ["--meta-batch", str(row["meta_batch"])]
+            argv += ["--inner-unroll", str(row.get("inner_unroll", "full"))]
+            argv += ["--conv", row["conv"]] if row["conv"] != "-" else []
+            argv += ["--remat"] if row.get("remat") else []
+            (spec,) = make_specs(parse_args(argv))  # the spec the timed run was built from
             counted[key] = step_gflop(spec)
         if counted[key]:
             row["gflop_per_step"] = counted[key]
