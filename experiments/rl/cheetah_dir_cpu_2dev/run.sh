@@ -9,4 +9,4 @@ timeout -s INT 4800 python -m metalearn.train +experiment=rl_cheetah_dir_maml da
     trainer.eval_every=100 eval.val_tasks=20 eval.num_tasks=40 eval.tasks_per_call=20 \
     algorithm.eval_rollouts=10 algorithm.outer=$OUTER name=rl_cheetah_dir_maml_$OUTER \
     hydra.run.dir=/work/runs/chd/$OUTER
-echo "end $(date '+%F %T') rc $? load $(cut -d' ' -f1-3 /proc/loadavg)"
+rc=$?; echo "end $(date '+%F %T') rc $rc load $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -7,4 +7,4 @@ echo "start $(date '+%F %T') load $(cut -d' ' -f1-3 /proc/loadavg) commit $(git 
 python -m metalearn.train $COMMON trainer.meta_steps=0 name=rl_cheetah_dir_random_small_head hydra.run.dir=/work/runs/chs/random_init
 echo "random init done $(date '+%F %T')"
 timeout -s INT 2400 python -m metalearn.train $COMMON trainer.meta_steps=5000 name=rl_cheetah_dir_maml_small_head hydra.run.dir=/work/runs/chs/maml
-echo "end $(date '+%F %T') rc $? load $(cut -d' ' -f1-3 /proc/loadavg)"
+rc=$?; echo "end $(date '+%F %T') rc $rc load $(cut -d' ' -f1-3 /proc/loadavg)"

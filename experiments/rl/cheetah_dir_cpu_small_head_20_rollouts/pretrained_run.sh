@@ -8,4 +8,4 @@ export JAX_NUM_CPU_DEVICES=2 XLA_FLAGS="--xla_cpu_multi_thread_eigen=false"
 COMMON="+experiment=rl_cheetah_dir_maml data.horizon=100 data.rollouts=20 algorithm.post_rollouts=20 trainer.meta_batch_size=10 trainer.eval_every=100 eval.val_tasks=20 eval.num_tasks=100 eval.tasks_per_call=20 algorithm.eval_rollouts=20 model.head_init_scale=0.01"
 echo "start $(date '+%F %T') load $(cut -d' ' -f1-3 /proc/loadavg) commit $(git -C /work/main rev-parse --short HEAD)"
 python -m metalearn.train $COMMON algorithm.inner_steps=0 trainer.meta_steps=1093 eval.select_best=false trainer.progress_bar=lines name=rl_cheetah_dir_pretrained_small_head_r20 hydra.run.dir=/work/runs/chp/pretrained
-echo "end $(date '+%F %T') rc $? load $(cut -d' ' -f1-3 /proc/loadavg)"
+rc=$?; echo "end $(date '+%F %T') rc $rc load $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -8,4 +8,4 @@ echo "start $(date '+%F %T') load $(cut -d' ' -f1-3 /proc/loadavg) commit $(git 
 python -m metalearn.train $COMMON trainer.meta_steps=0 name=rl_cheetah_dir_random_small_head_r20 hydra.run.dir=/work/runs/chs2/random_init
 echo "random init done $(date '+%F %T')"
 timeout -s INT 6000 python -m metalearn.train $COMMON trainer.meta_steps=5000 name=rl_cheetah_dir_maml_small_head_r20 hydra.run.dir=/work/runs/chs2/maml
-echo "end $(date '+%F %T') rc $? load $(cut -d' ' -f1-3 /proc/loadavg)"
+rc=$?; echo "end $(date '+%F %T') rc $rc load $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -10,4 +10,4 @@ echo "start $(date '+%F %T') load $(cut -d' ' -f1-3 /proc/loadavg) commit $(git 
 python -m metalearn.train $COMMON trainer.meta_steps=0 name=rl_cheetah_vel_random_small_head_r20 hydra.run.dir=/work/runs/cvs/random_init
 echo "random init done $(date '+%F %T')"
 timeout -s INT ${BUDGET:-2700} python -m metalearn.train $COMMON trainer.meta_steps=${STEPS:-400} name=rl_cheetah_vel_maml_small_head_r20 hydra.run.dir=/work/runs/cvs/maml
-echo "end $(date '+%F %T') rc $? load $(cut -d' ' -f1-3 /proc/loadavg)"
+rc=$?; echo "end $(date '+%F %T') rc $rc load $(cut -d' ' -f1-3 /proc/loadavg)"
