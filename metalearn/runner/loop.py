@@ -380,13 +380,18 @@ def _final_evaluation(runner: Runner, state) -> list[dict]:
 
 
 def load_for_evaluation(cfg: Config, workdir: str, which: str = "best") -> tuple[Runner, Any]:
-    """A runner and saved meta-parameters (``best`` or ``latest``) from a run directory.
+    """A runner and saved meta-parameters (``best`` or ``latest``) from a run directory, or the
+    run's untrained initialisation (``init``, drawn from its seed; no checkpoint is read).
 
     Without an intact ``best/`` checkpoint, the latest one is loaded instead, with a warning.
-    ``runner.loaded`` says which: ``"best"`` or ``"latest"``, and ``runner.loaded_step``.
+    ``runner.loaded`` says which: ``"best"``, ``"latest"`` or ``"init"``, and
+    ``runner.loaded_step`` (0 for ``init``).
     """
     runner = Runner(cfg, workdir)
     template = runner.initial_state
+    if which == "init":
+        runner.loaded, runner.loaded_step = "init", 0
+        return runner, trained(template)
     if which == "best":
         best = runner.best.restore_intact(trained(template))
         if best is not None:

@@ -15,7 +15,14 @@ from omegaconf import OmegaConf
 from metalearn.config import to_objects
 from metalearn.runner.checkpoints import CheckpointStore
 from metalearn.runner.experiment import build_experiment
-from metalearn.runner.loop import NonFiniteError, chunk_length, train_and_evaluate
+from metalearn.runner.loop import (
+    NonFiniteError,
+    Runner,
+    chunk_length,
+    load_for_evaluation,
+    train_and_evaluate,
+)
+from metalearn.runner.steps import trained
 from tests.cli import checkout_env, run_cli, run_script
 from tests.conftest import compose_config, restore_latest_state
 
@@ -229,6 +236,24 @@ def test_saved_checkpoint_is_evaluated_on_its_own(tmp_path):
     assert {r["tasks"] for r in records} == {6} and len(records) == 3 * 2
     missing = run_cli(str(tmp_path / "nope"), module="metalearn.evaluate", timeout=60)
     assert missing.returncode != 0 and "not found" in missing.stderr
+
+
+def test_load_for_evaluation_gives_the_untrained_initialisation_as_init(tmp_path):
+    cfg = tiny_config()
+    train_and_evaluate(cfg, str(tmp_path / "run"))
+    runner, init = load_for_evaluation(cfg, str(tmp_path / "run"), "init")
+    assert (runner.loaded, runner.loaded_step) == ("init", 0)
+    runner.close()
+    fresh = Runner(cfg, str(tmp_path / "fresh"))  # an empty directory: its own initial draw
+    expected = trained(fresh.initial_state)
+    fresh.close()
+    for got, want in zip(jax.tree.leaves(init), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    runner, latest = load_for_evaluation(cfg, str(tmp_path / "run"), "latest")
+    runner.close()
+    assert runner.loaded == "latest" and runner.loaded_step > 0
+    pairs = zip(jax.tree.leaves(init.meta_params), jax.tree.leaves(latest.meta_params), strict=True)
+    assert any(not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in pairs)
 
 
 def test_training_and_evaluation_queue_only_a_few_calls_ahead(tmp_path, monkeypatch):

@@ -19,19 +19,14 @@ from metalearn.evaluate import load_run_config  # noqa: E402
 from metalearn.rl.envs.locomotion import FAMILIES  # noqa: E402
 from metalearn.rl.inner import InnerConfig, sample_adaptation  # noqa: E402
 from metalearn.rl.rollout import rollouts  # noqa: E402
-from metalearn.runner.loop import Runner, load_for_evaluation  # noqa: E402
-from metalearn.runner.steps import trained  # noqa: E402
+from metalearn.runner.loop import load_for_evaluation  # noqa: E402
 
 run_dir = sys.argv[1]
 which = sys.argv[2] if len(sys.argv) > 2 else "latest"
 num_tasks = int(sys.argv[3]) if len(sys.argv) > 3 else 40
 cfg = load_run_config(run_dir, [])
-if which == "init":
-    runner = Runner(cfg, run_dir)
-    runner.loaded, runner.loaded_step, params = "init", 0, trained(runner.initial_state).meta_params
-else:
-    runner, saved = load_for_evaluation(cfg, run_dir, which)
-    params = saved.meta_params
+runner, saved = load_for_evaluation(cfg, run_dir, which)
+params = saved.meta_params
 env, policy_apply = runner.exp.objective.env, runner.exp.objective.policy_apply
 inner = InnerConfig(num_steps=3, lrs=(0.1, 0.05, 0.05), num_rollouts=cfg.algorithm.eval_rollouts)
 ctrl_weight = FAMILIES["cheetah_dir"].ctrl_cost
