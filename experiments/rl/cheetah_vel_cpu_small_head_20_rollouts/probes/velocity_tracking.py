@@ -2,7 +2,10 @@
 forward speed (the root's x velocity in the observation, index 8, averaged over an episode's
 steps) before and after 1-3 inner steps (the run's evaluation rates and rollouts), the mean
 distance |v - g| to the goal velocity g, and the least-squares slope of speed against goal across
-tasks (0: one speed for every goal; 1: the speed follows the goal).
+tasks (0: one speed for every goal; 1: the speed follows the goal). The episode return is split
+into its two terms, the control cost ``0.05 sum |clip(a)|^2`` and the tracking term
+``-sum |v_t - g|`` (their difference), and the policy's exploration standard deviation
+(``exp(log_std)``, mean over the action's dimensions) is given before and after the steps.
 ``python velocity_tracking.py RUN_DIR [best|latest|init] [TASKS]`` (``init``: the run's untrained
 initialisation); prints one JSON line."""
 
@@ -18,8 +21,9 @@ import jax.numpy as jnp  # noqa: E402
 
 from metalearn.evaluate import load_run_config  # noqa: E402
 from metalearn.rl.algorithm import evaluation_inner  # noqa: E402
+from metalearn.rl.envs.locomotion import FAMILIES, brax_env  # noqa: E402
 from metalearn.rl.inner import InnerConfig, sample_adaptation  # noqa: E402
-from metalearn.rl.rollout import rollouts  # noqa: E402
+from metalearn.rl.rollout import episode_returns, rollouts  # noqa: E402
 from metalearn.runner.loop import load_for_evaluation  # noqa: E402
 
 run_dir = sys.argv[1]
@@ -30,6 +34,8 @@ runner, saved = load_for_evaluation(cfg, run_dir, which)
 params = saved.meta_params
 env, policy_apply = runner.exp.objective.env, runner.exp.objective.policy_apply
 inner = evaluation_inner(cfg.algorithm, InnerConfig(), 3)
+ctrl_cost = FAMILIES["cheetah_vel"].ctrl_cost
+ctrl_range = brax_env("halfcheetah", "generalized").sys.actuator.ctrl_range
 
 
 def speed(traj):
@@ -37,12 +43,29 @@ def speed(traj):
     return jnp.sum(traj.obs[..., 8] * traj.mask) / jnp.sum(traj.mask)
 
 
+def control_cost(traj):
+    """Mean over rollouts of the episode's control cost (the env's clip and weight)."""
+    clipped = jnp.clip(traj.actions, ctrl_range[:, 0], ctrl_range[:, 1])
+    per_step = ctrl_cost * jnp.sum(clipped**2, axis=-1) * traj.mask
+    return jnp.mean(jnp.sum(per_step, axis=-1))
+
+
+def std(p):
+    return jnp.mean(jnp.exp(p["log_std"]))
+
+
 @jax.jit
 def measure(key, task):
     inner_key, last_key = jax.random.split(key)
     batches, _, adapted = sample_adaptation(env, policy_apply, params, inner_key, task, inner)
     last = rollouts(env, policy_apply, adapted, last_key, task, inner.num_rollouts)
-    return jnp.stack([speed(t) for t in [*batches, last]])  # (steps + 1,)
+    trajs = [*batches, last]
+    return (
+        jnp.stack([speed(t) for t in trajs]),  # (steps + 1,)
+        jnp.stack([jnp.mean(episode_returns(t)) for t in trajs]),
+        jnp.stack([control_cost(t) for t in trajs]),
+        jnp.stack([std(params), std(adapted)]),
+    )
 
 
 def mean_ci(x):
@@ -52,7 +75,8 @@ def mean_ci(x):
 
 tasks = env.sample_tasks(jax.random.key(20261124), num_tasks)
 keys = jax.random.split(jax.random.key(7), num_tasks)
-speeds = jnp.stack([measure(k, t) for k, t in zip(keys, tasks, strict=True)])  # (tasks, 4)
+measured = [measure(k, t) for k, t in zip(keys, tasks, strict=True)]
+speeds, returns, costs, stds = (jnp.stack(m) for m in zip(*measured, strict=True))  # (tasks, 4)
 goals = jnp.asarray(tasks).reshape(num_tasks)
 centred = goals - jnp.mean(goals)
 slopes = [float(jnp.sum(centred * (s - jnp.mean(s))) / jnp.sum(centred**2)) for s in speeds.T]
@@ -68,6 +92,10 @@ print(
             "speed": [mean_ci(s) for s in speeds.T],
             "distance_to_goal": [mean_ci(jnp.abs(s - goals)) for s in speeds.T],
             "slope_speed_on_goal": [round(s, 3) for s in slopes],
+            "episode_return": [mean_ci(r) for r in returns.T],
+            "control_cost": [mean_ci(c) for c in costs.T],
+            "tracking_term": [mean_ci(r + c) for r, c in zip(returns.T, costs.T, strict=True)],
+            "policy_std_before_after": [round(float(jnp.mean(s)), 3) for s in stds.T],
         }
     )
 )
