@@ -5,7 +5,9 @@ distance |v - g| to the goal velocity g, and the least-squares slope of speed ag
 tasks (0: one speed for every goal; 1: the speed follows the goal). The episode return is split
 into its two terms, the control cost ``0.05 sum |clip(a)|^2`` and the tracking term
 ``-sum |v_t - g|`` (their difference), and the policy's exploration standard deviation
-(``exp(log_std)``, mean over the action's dimensions) is given before and after the steps.
+(``exp(log_std)``, mean over the action's dimensions) is given before and after the steps; each
+task's mean return after 0-3 steps is kept (tasks and keys are the same in every run, so two
+runs' lines can be compared task by task).
 ``python velocity_tracking.py RUN_DIR [best|latest|init] [TASKS]`` (``init``: the run's untrained
 initialisation); prints one JSON line."""
 
@@ -96,6 +98,7 @@ print(
             "control_cost": [mean_ci(c) for c in costs.T],
             "tracking_term": [mean_ci(r + c) for r, c in zip(returns.T, costs.T, strict=True)],
             "policy_std_before_after": [round(float(jnp.mean(s)), 3) for s in stds.T],
+            "episode_return_per_task": [[round(float(r), 2) for r in row] for row in returns.T],
         }
     )
 )
