@@ -4,9 +4,7 @@
 # step in training (algorithm.inner_steps=0), as many iterations (STEPS, MAML's), and the final
 # test on the latest parameters over 100 held-out tasks with 20 rollouts per inner step, as MAML's.
 # Run again with a larger STEPS, it resumes the run from its latest checkpoint (allow_changes).
-cd /work/runs/cvs
-export JAX_NUM_CPU_DEVICES=2 XLA_FLAGS="--xla_cpu_multi_thread_eigen=false"
-COMMON="+experiment=rl_cheetah_vel_maml data.horizon=100 data.rollouts=20 algorithm.post_rollouts=20 trainer.meta_batch_size=10 trainer.eval_every=100 eval.val_tasks=20 eval.num_tasks=100 eval.tasks_per_call=20 algorithm.eval_rollouts=20 model.head_init_scale=0.01 eval.select_best=false trainer.progress_bar=lines"
+source "$(dirname "$0")/settings.sh"
 echo "start $(date '+%F %T') load $(cut -d' ' -f1-3 /proc/loadavg) commit $(git -C /work/main rev-parse --short HEAD)"
 python -m metalearn.train $COMMON algorithm.inner_steps=0 trainer.meta_steps=${STEPS:-1200} "trainer.allow_changes=[trainer.meta_steps]" name=rl_cheetah_vel_pretrained_small_head_r20 hydra.run.dir=/work/runs/cvs/pretrained
 rc=$?; echo "end $(date '+%F %T') rc $rc load $(cut -d' ' -f1-3 /proc/loadavg)"

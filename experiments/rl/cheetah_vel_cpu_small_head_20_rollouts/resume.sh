@@ -1,8 +1,6 @@
 #!/bin/bash
 # Resume the HalfCheetah-velocity MAML run (400 iterations) to STEPS iterations, same settings.
-cd /work/runs/cvs
-export JAX_NUM_CPU_DEVICES=2 XLA_FLAGS="--xla_cpu_multi_thread_eigen=false"
-COMMON="+experiment=rl_cheetah_vel_maml data.horizon=100 data.rollouts=20 algorithm.post_rollouts=20 trainer.meta_batch_size=10 trainer.eval_every=100 eval.val_tasks=20 eval.num_tasks=100 eval.tasks_per_call=20 algorithm.eval_rollouts=20 model.head_init_scale=0.01 eval.select_best=false trainer.progress_bar=lines"
+source "$(dirname "$0")/settings.sh"
 echo "start $(date '+%F %T') load $(cut -d' ' -f1-3 /proc/loadavg) commit $(git -C /work/main rev-parse --short HEAD)"
 timeout -s INT ${BUDGET:-4800} python -m metalearn.train $COMMON trainer.meta_steps=${STEPS:-1200} "trainer.allow_changes=[trainer.meta_steps]" name=rl_cheetah_vel_maml_small_head_r20 hydra.run.dir=/work/runs/cvs/maml
 rc=$?; echo "end $(date '+%F %T') rc $rc load $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -3,9 +3,7 @@
 # 10 tasks x (20 + 20) rollouts, horizon 100, two XLA:CPU devices; the untrained initialisation
 # first, then MAML for as many iterations as the session leaves (STEPS), each tested on the
 # latest parameters over 100 held-out tasks with 20 rollouts per inner step.
-cd /work/runs/cvs
-export JAX_NUM_CPU_DEVICES=2 XLA_FLAGS="--xla_cpu_multi_thread_eigen=false"
-COMMON="+experiment=rl_cheetah_vel_maml data.horizon=100 data.rollouts=20 algorithm.post_rollouts=20 trainer.meta_batch_size=10 trainer.eval_every=100 eval.val_tasks=20 eval.num_tasks=100 eval.tasks_per_call=20 algorithm.eval_rollouts=20 model.head_init_scale=0.01 eval.select_best=false trainer.progress_bar=lines"
+source "$(dirname "$0")/settings.sh"
 echo "start $(date '+%F %T') load $(cut -d' ' -f1-3 /proc/loadavg) commit $(git -C /work/main rev-parse --short HEAD)"
 python -m metalearn.train $COMMON trainer.meta_steps=0 name=rl_cheetah_vel_random_small_head_r20 hydra.run.dir=/work/runs/cvs/random_init
 echo "random init done $(date '+%F %T')"

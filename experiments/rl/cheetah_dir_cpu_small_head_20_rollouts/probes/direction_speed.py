@@ -16,6 +16,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from metalearn.evaluate import load_run_config  # noqa: E402
+from metalearn.rl.algorithm import evaluation_inner  # noqa: E402
 from metalearn.rl.envs.locomotion import FAMILIES  # noqa: E402
 from metalearn.rl.inner import InnerConfig, sample_adaptation  # noqa: E402
 from metalearn.rl.rollout import rollouts  # noqa: E402
@@ -28,7 +29,7 @@ cfg = load_run_config(run_dir, [])
 runner, saved = load_for_evaluation(cfg, run_dir, which)
 params = saved.meta_params
 env, policy_apply = runner.exp.objective.env, runner.exp.objective.policy_apply
-inner = InnerConfig(num_steps=3, lrs=(0.1, 0.05, 0.05), num_rollouts=cfg.algorithm.eval_rollouts)
+inner = evaluation_inner(cfg.algorithm, InnerConfig(), 3)  # the run's evaluation rates
 ctrl_weight = FAMILIES["cheetah_dir"].ctrl_cost
 
 
