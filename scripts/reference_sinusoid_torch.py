@@ -129,14 +129,21 @@ def evaluate(params: list[torch.Tensor], seed: int, queries: int | None) -> dict
         rng = np.random.default_rng([seed, 1, shots])  # tasks never drawn in training
         xs, ys, xq, yq = sample_tasks(rng, TEST_TASKS, shots, queries or shots)
         trajectory = adapt(params, xs, ys, max(TEST_STEPS), create_graph=False)
+        with torch.no_grad():
+            before = task_mse(trajectory[0], xq, yq).numpy().astype(np.float64)
         for steps in TEST_STEPS:
             with torch.no_grad():
                 mse = task_mse(trajectory[steps], xq, yq).numpy().astype(np.float64)
+            # Blown up: not finite, or 10 times above the larger of the task's own MSE before
+            # adaptation and the median of that over tasks (the rule of metalearn's eval.json).
+            blown = ~np.isfinite(mse) | (mse > 10 * np.maximum(before, np.median(before)))
             results[f"shots={shots} steps={steps}"] = {
                 "mean": float(mse.mean()),
                 "ci95": float(1.96 * mse.std() / math.sqrt(len(mse))),  # the reference's ddof 0
                 "median": float(np.median(mse)),
+                "max": float(mse.max()),
                 "nonfinite": int((~np.isfinite(mse)).sum()),
+                "diverged": int(blown.sum()),
             }
     return results
 
@@ -179,6 +186,8 @@ def main(argv: list[str] | None = None) -> dict:
         "test_queries_10": evaluate(params, args.seed, queries=10),
         "test_queries_k": evaluate(params, args.seed, queries=None),
         "curve": curve,
+        # The last iterate, [W1, b1, W2, b2, W3, b3] with W of shape (in, out), to test again.
+        "params": [p.detach().tolist() for p in params],
     }
     for name in ("test_queries_10", "test_queries_k"):
         row = record[name]

@@ -118,3 +118,25 @@ def test_a_short_run_writes_its_record(ref, tmp_path):
     assert [c["step"] for c in record["curve"]] == [10, 20]
     cell = record["test_queries_k"]["shots=5 steps=10"]
     assert np.isfinite(cell["mean"]) and cell["ci95"] > 0 and cell["nonfinite"] == 0
+    assert cell["diverged"] == 0 and cell["median"] <= cell["max"]
+    assert [np.shape(p) for p in record["params"]] == [
+        (1, 40),
+        (40,),
+        (40, 40),
+        (40,),
+        (40, 1),
+        (1,),
+    ]
+
+
+def test_blown_up_tasks_are_counted(ref, monkeypatch):
+    """Past the stability limit a few tasks blow up (finite, here) and the record counts them."""
+    import torch
+
+    params = ref.init_params(torch.Generator().manual_seed(0))
+    monkeypatch.setattr(ref, "INNER_LR", 0.5)
+    cell = ref.evaluate(params, seed=0, queries=10)["shots=5 steps=10"]
+    assert cell["nonfinite"] == 0 < cell["diverged"] < 60
+    assert cell["max"] > 1e6 * cell["median"] > 0
+    monkeypatch.setattr(ref, "INNER_LR", 1e-3)
+    assert ref.evaluate(params, seed=0, queries=10)["shots=5 steps=10"]["diverged"] == 0
