@@ -1,5 +1,6 @@
 """TensorFlow Datasets (and TensorFlow) and PIL are imported only when an image dataset is built:
-never by ``import metalearn``, the algorithms, the runner, or a whole sinusoid run."""
+never by ``import metalearn``, the algorithms, the runner, or a whole sinusoid run. tensorboardX
+(which imports torch when torch is installed) only when a run writes its metrics."""
 
 import subprocess
 import sys
@@ -42,6 +43,18 @@ def test_importing_the_library_imports_no_tfds(tmp_path):
         "import metalearn.config, metalearn.train, metalearn.evaluate, metalearn.runner.loop\n"
         + REPORT
     )
+    assert loaded(run_python(code, tmp_path)) == []
+
+
+def test_importing_the_entry_points_imports_no_tensorboardx(tmp_path):
+    # A config error or an evaluation answers without tensorboardX's (and torch's) import time.
+    code = """
+    import sys
+    import metalearn, metalearn.train, metalearn.evaluate, metalearn.runner.loop
+    for name in ("tensorboardX", "torch"):
+        if name in sys.modules:
+            print("loaded", name)
+    """
     assert loaded(run_python(code, tmp_path)) == []
 
 

@@ -8,7 +8,6 @@ import os
 import sys
 import time
 
-from tensorboardX import SummaryWriter
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -34,6 +33,10 @@ class MetricsWriter:
                 kept = [line for line in f if _line_key(line)[0] <= resume_step]
         self._keys = {_line_key(line) for line in kept}
         self._rewrite(kept)
+        # Imported here: tensorboardX imports torch when it is installed (about 1 s), which
+        # commands that never write metrics (evaluate, a config error) should not pay.
+        from tensorboardX import SummaryWriter
+
         purge = resume_step + 1 if resume_step else None  # TB drops its events after the step
         self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=purge)
 
