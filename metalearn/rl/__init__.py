@@ -5,7 +5,8 @@ Modules, one idea each: ``envs`` (pure-function environments), ``policy`` (Gauss
 advantages), ``inner`` (the VPG inner loop), ``estimators`` (DiCE, LVC, MAML meta-gradients),
 ``trpo`` and ``ppo`` (outer steps), ``maml_rl`` (the meta-iteration and adaptation evaluation),
 and for the Hydra runner: ``family`` (``data=nav2d``: any registered environment's tasks),
-``policy_model`` (``model=gaussian_mlp``), ``algorithm`` (``algorithm=maml_rl``).
+``policy_model`` (``model=gaussian_mlp``), ``algorithm`` (``algorithm=maml_rl``); ``probe``
+(a trained run's rollouts before and after each inner step, for measurements beyond eval.json).
 """
 
 from metalearn.rl import algorithm, family, policy_model  # noqa: F401  (register themselves)

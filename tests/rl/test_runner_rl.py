@@ -1,4 +1,5 @@
-"""MAML-RL through the Hydra runner: outputs, exact resume, sweeps, the baselines, bad input."""
+"""MAML-RL through the Hydra runner: outputs, exact resume, sweeps, the baselines, bad input,
+and the probes' loader of a run's policy."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from metalearn.config import to_objects
+from metalearn.rl.probe import adaptation_rollouts, load_trained_policy, probe_tasks
 from metalearn.runner.checkpoints import CheckpointStore
 from metalearn.runner.experiment import build_experiment
 from metalearn.runner.loop import train_and_evaluate
@@ -76,6 +78,46 @@ def test_random_baseline_evaluates_the_initialisation_maml_starts_from(tmp_path)
         jax.tree.leaves(evaluated.meta_params), jax.tree.leaves(maml_start.meta_params), strict=True
     ):
         np.testing.assert_array_equal(a, b)
+
+
+def test_probe_loads_the_runs_policy_and_its_evaluation_inner_loop(cli_run):
+    cfg = rl_config("trainer.eval_every=0")
+    latest = load_trained_policy(str(cli_run), "latest")
+    assert (latest.which, latest.step) == ("latest", 4)
+    saved = restore_latest_state(str(cli_run), cfg).meta_params
+    for a, b in zip(jax.tree.leaves(latest.params), jax.tree.leaves(saved), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert latest.inner.num_steps == 3 and latest.inner.num_rollouts == cfg.algorithm.eval_rollouts
+    assert latest.inner.lrs == (0.1, 0.05, 0.05)  # rl_nav2d_maml's algorithm.eval_lrs
+    init = load_trained_policy(str(cli_run), "init", num_steps=1)
+    assert (init.which, init.step, init.inner.num_steps) == ("init", 0, 1)
+    start = build_experiment(cfg).initial_state.meta_params
+    for a, b in zip(jax.tree.leaves(init.params), jax.tree.leaves(start), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_probe_rollouts_after_each_inner_step_on_tasks_fixed_for_every_run(cli_run):
+    policy = load_trained_policy(str(cli_run), "latest")
+    tasks, keys = probe_tasks(policy.env, 3)
+    again, _ = probe_tasks(policy.env, 3)
+    np.testing.assert_array_equal(tasks, again)
+    trajs, adapted = jax.jit(lambda k, t: adaptation_rollouts(policy, k, t))(keys[0], tasks[0])
+    assert len(trajs) == 4  # before adaptation and after each of 3 steps
+    assert all(t.mask.shape == (policy.inner.num_rollouts, 100) for t in trajs)
+    assert not np.array_equal(adapted["log_std"], policy.params["log_std"])  # the steps moved it
+    # The batch before adaptation is sampled from the loaded parameters: its log-probabilities
+    # are those of the loaded policy's Gaussian at the recorded states and actions.
+    mean, log_std = policy.policy_apply(policy.params, trajs[0].obs)
+    z = ((trajs[0].actions - mean) / np.exp(log_std))[trajs[0].mask > 0]
+    assert z.size > 100 and abs(float(np.mean(z))) < 0.2 and abs(float(np.std(z)) - 1.0) < 0.2
+
+
+def test_probe_refuses_a_run_that_is_not_maml_rl(tmp_path):
+    OmegaConf.save(compose_config(["+experiment=sinusoid_maml"]), tmp_path / "config.yaml")
+    with pytest.raises(ValueError, match="is a maml run; a probe needs algorithm=maml_rl"):
+        load_trained_policy(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="a metalearn run directory"):
+        load_trained_policy(str(tmp_path / "missing"))
 
 
 def _flat(experiment: str) -> dict:

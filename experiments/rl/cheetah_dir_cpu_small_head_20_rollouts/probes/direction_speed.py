@@ -8,28 +8,16 @@ initialisation); prints one JSON line."""
 import json
 import sys
 
-from metalearn.runner.cpu_backend import schedule_lapack_calls_serially
+import jax
+import jax.numpy as jnp
 
-schedule_lapack_calls_serially()  # before JAX's first computation
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-
-from metalearn.evaluate import load_run_config  # noqa: E402
-from metalearn.rl.algorithm import evaluation_inner  # noqa: E402
-from metalearn.rl.envs.locomotion import FAMILIES  # noqa: E402
-from metalearn.rl.inner import InnerConfig, sample_adaptation  # noqa: E402
-from metalearn.rl.rollout import rollouts  # noqa: E402
-from metalearn.runner.loop import load_for_evaluation  # noqa: E402
+from metalearn.rl.envs.locomotion import FAMILIES
+from metalearn.rl.probe import adaptation_rollouts, load_trained_policy, probe_tasks
 
 run_dir = sys.argv[1]
-which = sys.argv[2] if len(sys.argv) > 2 else "latest"
 num_tasks = int(sys.argv[3]) if len(sys.argv) > 3 else 40
-cfg = load_run_config(run_dir, [])
-runner, saved = load_for_evaluation(cfg, run_dir, which)
-params = saved.meta_params
-env, policy_apply = runner.exp.objective.env, runner.exp.objective.policy_apply
-inner = evaluation_inner(cfg.algorithm, InnerConfig(), 3)  # the run's evaluation rates
+# Loaded first: it sets XLA:CPU's flags for the locomotion family before JAX computes.
+policy = load_trained_policy(run_dir, sys.argv[2] if len(sys.argv) > 2 else "latest")
 ctrl_weight = FAMILIES["cheetah_dir"].ctrl_cost
 
 
@@ -43,14 +31,11 @@ def per_step(traj, task):
 
 @jax.jit
 def measure(key, task):
-    inner_key, last_key = jax.random.split(key)
-    batches, _, adapted = sample_adaptation(env, policy_apply, params, inner_key, task, inner)
-    last = rollouts(env, policy_apply, adapted, last_key, task, inner.num_rollouts)
-    return jnp.array([per_step(t, task) for t in [*batches, last]])  # (steps + 1, 2)
+    trajs, _ = adaptation_rollouts(policy, key, task)
+    return jnp.array([per_step(t, task) for t in trajs])  # (steps + 1, 2)
 
 
-tasks = env.sample_tasks(jax.random.key(20261124), num_tasks)
-keys = jax.random.split(jax.random.key(7), num_tasks)
+tasks, keys = probe_tasks(policy.env, num_tasks)
 values = jnp.stack([measure(k, t) for k, t in zip(keys, tasks, strict=True)])  # (tasks, 4, 2)
 mean = jnp.mean(values, axis=0)
 half = 1.96 * jnp.std(values, axis=0, ddof=1) / num_tasks**0.5
@@ -59,10 +44,10 @@ print(
     json.dumps(
         {
             "run": run_dir,
-            "which": runner.loaded,
-            "step": runner.loaded_step,
+            "which": policy.which,
+            "step": policy.step,
             "tasks": num_tasks,
-            "rollouts": inner.num_rollouts,
+            "rollouts": policy.inner.num_rollouts,
             "speed": [
                 [round(float(m), 3), round(float(h), 3)]
                 for m, h in zip(mean[:, 0], half[:, 0], strict=True)

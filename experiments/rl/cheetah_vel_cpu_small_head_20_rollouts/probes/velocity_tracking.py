@@ -14,28 +14,18 @@ initialisation); prints one JSON line."""
 import json
 import sys
 
-from metalearn.runner.cpu_backend import schedule_lapack_calls_serially
+import jax
+import jax.numpy as jnp
 
-schedule_lapack_calls_serially()  # before JAX's first computation
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-
-from metalearn.evaluate import load_run_config  # noqa: E402
-from metalearn.rl.algorithm import evaluation_inner  # noqa: E402
-from metalearn.rl.envs.locomotion import FAMILIES, brax_env  # noqa: E402
-from metalearn.rl.inner import InnerConfig, sample_adaptation  # noqa: E402
-from metalearn.rl.rollout import episode_returns, rollouts  # noqa: E402
-from metalearn.runner.loop import load_for_evaluation  # noqa: E402
+from metalearn.rl.envs.locomotion import FAMILIES, brax_env
+from metalearn.rl.probe import adaptation_rollouts, load_trained_policy, probe_tasks
+from metalearn.rl.rollout import episode_returns
+from metalearn.runner.evaluation import mean_and_ci95
 
 run_dir = sys.argv[1]
-which = sys.argv[2] if len(sys.argv) > 2 else "latest"
 num_tasks = int(sys.argv[3]) if len(sys.argv) > 3 else 40
-cfg = load_run_config(run_dir, [])
-runner, saved = load_for_evaluation(cfg, run_dir, which)
-params = saved.meta_params
-env, policy_apply = runner.exp.objective.env, runner.exp.objective.policy_apply
-inner = evaluation_inner(cfg.algorithm, InnerConfig(), 3)
+# Loaded first: it sets XLA:CPU's flags for the locomotion family before JAX computes.
+policy = load_trained_policy(run_dir, sys.argv[2] if len(sys.argv) > 2 else "latest")
 ctrl_cost = FAMILIES["cheetah_vel"].ctrl_cost
 ctrl_range = brax_env("halfcheetah", "generalized").sys.actuator.ctrl_range
 
@@ -58,25 +48,20 @@ def std(p):
 
 @jax.jit
 def measure(key, task):
-    inner_key, last_key = jax.random.split(key)
-    batches, _, adapted = sample_adaptation(env, policy_apply, params, inner_key, task, inner)
-    last = rollouts(env, policy_apply, adapted, last_key, task, inner.num_rollouts)
-    trajs = [*batches, last]
+    trajs, adapted = adaptation_rollouts(policy, key, task)
     return (
         jnp.stack([speed(t) for t in trajs]),  # (steps + 1,)
         jnp.stack([jnp.mean(episode_returns(t)) for t in trajs]),
         jnp.stack([control_cost(t) for t in trajs]),
-        jnp.stack([std(params), std(adapted)]),
+        jnp.stack([std(policy.params), std(adapted)]),
     )
 
 
 def mean_ci(x):
-    half = 1.96 * jnp.std(x, ddof=1) / len(x) ** 0.5
-    return [round(float(jnp.mean(x)), 3), round(float(half), 3)]
+    return [round(value, 3) for value in mean_and_ci95(x)]
 
 
-tasks = env.sample_tasks(jax.random.key(20261124), num_tasks)
-keys = jax.random.split(jax.random.key(7), num_tasks)
+tasks, keys = probe_tasks(policy.env, num_tasks)
 measured = [measure(k, t) for k, t in zip(keys, tasks, strict=True)]
 speeds, returns, costs, stds = (jnp.stack(m) for m in zip(*measured, strict=True))  # (tasks, 4)
 goals = jnp.asarray(tasks).reshape(num_tasks)
@@ -86,11 +71,11 @@ print(
     json.dumps(
         {
             "run": run_dir,
-            "which": runner.loaded,
-            "step": runner.loaded_step,
+            "which": policy.which,
+            "step": policy.step,
             "tasks": num_tasks,
-            "rollouts": inner.num_rollouts,
-            "lrs": list(inner.lrs),
+            "rollouts": policy.inner.num_rollouts,
+            "lrs": list(policy.inner.lrs),
             "speed": [mean_ci(s) for s in speeds.T],
             "distance_to_goal": [mean_ci(jnp.abs(s - goals)) for s in speeds.T],
             "slope_speed_on_goal": [round(s, 3) for s in slopes],
