@@ -18,6 +18,8 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -30,7 +32,7 @@ from metalearn.runner.compilation_cache import enable_compilation_cache
 from metalearn.runner.cpu_backend import schedule_lapack_calls_serially
 from metalearn.runner.evaluation import format_record
 from metalearn.runner.experiment import needs_serial_lapack
-from metalearn.runner.loop import load_for_evaluation
+from metalearn.runner.loop import Runner, load_for_evaluation
 
 # Keys every config.yaml written by metalearn.train holds; seed and name come last in the file,
 # so a file cut short misses them.
@@ -105,6 +107,28 @@ class EvaluationProgress:
             self._bar = None
 
 
+def load_run(
+    run_dir: str,
+    which: str = "best",
+    overrides: Sequence[str] = (),
+    check: Callable[[str, Config], None] | None = None,
+) -> tuple[Runner, Any]:
+    """A run directory's runner and saved parameters (``best``, ``latest`` or ``init``), loaded
+    as this module's command loads them: the validated config with ``overrides`` applied (then
+    ``check(run_dir, cfg)``, which may raise), XLA:CPU's serial LAPACK scheduling where the run
+    needs it (before any computation), the run's compilation cache. Says on stderr what it
+    loads. Raises ValueError, FileNotFoundError or RuntimeError with a one-line message.
+    """
+    cfg = load_run_config(run_dir, list(overrides))
+    if check is not None:
+        check(run_dir, cfg)
+    if needs_serial_lapack(cfg):  # before any computation
+        schedule_lapack_calls_serially()
+    enable_compilation_cache(cfg.trainer.compilation_cache)
+    print(f"loading {run_dir} ({which} parameters)", file=sys.stderr)
+    return load_for_evaluation(cfg, run_dir, which)
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir")
@@ -114,16 +138,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_intermixed_args(argv)
     logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
     try:
-        cfg = load_run_config(args.run_dir, args.overrides)
-        if needs_serial_lapack(cfg):  # before any computation
-            schedule_lapack_calls_serially()
-        enable_compilation_cache(cfg.trainer.compilation_cache)
-        print(f"loading {args.run_dir} ({args.which} parameters)", file=sys.stderr)
-        runner, params = load_for_evaluation(cfg, args.run_dir, args.which)
+        runner, params = load_run(args.run_dir, args.which, args.overrides)
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    num_tasks = runner.cfg.eval.num_tasks
+    cfg = runner.cfg
+    num_tasks = cfg.eval.num_tasks
     print(
         f"evaluating on {num_tasks} test tasks at shots {cfg.eval.shots} (the first call compiles)",
         file=sys.stderr,

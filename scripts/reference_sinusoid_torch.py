@@ -167,12 +167,19 @@ def train(seed: int, steps: int, log_every: int) -> tuple[list[torch.Tensor], li
     return params, curve
 
 
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: give 1 or more")
+    return value
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=70_000, help="meta-iterations")
-    parser.add_argument("--log-every", type=int, default=5_000)
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--log-every", type=_at_least_one, default=5_000)
+    parser.add_argument("--threads", type=_at_least_one, default=1, help="torch intra-op threads")
     parser.add_argument("--json", type=Path, help="write the record here")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -27,7 +27,7 @@ from metalearn.rl.estimators import (
 )
 from metalearn.rl.inner import InnerConfig, sample_adaptation
 from metalearn.rl.ppo import PPOConfig, clipped_surrogate, ppo_epochs
-from metalearn.rl.rollout import PolicyApply, episode_returns, rollouts
+from metalearn.rl.rollout import PolicyApply, Trajectories, episode_returns, rollouts
 from metalearn.rl.trpo import TRPOConfig, trpo_step
 
 Params = Any
@@ -168,15 +168,26 @@ def make_meta_iteration(
     return init, jax.jit(iteration)
 
 
+def adaptation_batches(
+    env: Env, policy_apply: PolicyApply, params: Params, key: jax.Array, task: Any, inner
+) -> tuple[list[Trajectories], Params]:
+    """One task's batches of ``inner.num_rollouts`` episodes after 0, 1, ..., ``inner.num_steps``
+    inner steps (each step's batch is the one it stepped on; the last is sampled from the
+    adapted parameters), and the adapted parameters."""
+    inner_key, last_key = jax.random.split(key)
+    batches, _, adapted = sample_adaptation(env, policy_apply, params, inner_key, task, inner)
+    last = rollouts(env, policy_apply, adapted, last_key, task, inner.num_rollouts)
+    return [*batches, last], adapted
+
+
 def adaptation_returns(
     env: Env, policy_apply: PolicyApply, params: Params, key: jax.Array, task: Any, inner
 ) -> jax.Array:
     """One task's mean undiscounted return of ``inner.num_rollouts`` episodes after 0, 1, ...,
-    ``inner.num_steps`` inner steps, shape ``(inner.num_steps + 1,)``."""
-    inner_key, last_key = jax.random.split(key)
-    batches, _, adapted = sample_adaptation(env, policy_apply, params, inner_key, task, inner)
-    last = rollouts(env, policy_apply, adapted, last_key, task, inner.num_rollouts)
-    return jnp.stack([jnp.mean(episode_returns(t)) for t in [*batches, last]])
+    ``inner.num_steps`` inner steps, shape ``(inner.num_steps + 1,)``
+    (:func:`adaptation_batches`' returns)."""
+    batches, _ = adaptation_batches(env, policy_apply, params, key, task, inner)
+    return jnp.stack([jnp.mean(episode_returns(t)) for t in batches])
 
 
 def make_adaptation_eval(

@@ -23,8 +23,9 @@ from typing import Any
 import jax
 
 from metalearn.rl.envs.base import Env
-from metalearn.rl.inner import InnerConfig, sample_adaptation
-from metalearn.rl.rollout import Params, PolicyApply, Trajectories, rollouts
+from metalearn.rl.inner import InnerConfig
+from metalearn.rl.maml_rl import adaptation_batches
+from metalearn.rl.rollout import Params, PolicyApply, Trajectories
 
 # Fixed streams, apart from training's and the evaluation's: the probes' held-out tasks.
 PROBE_TASKS_SEED = 20261124
@@ -50,28 +51,22 @@ class TrainedPolicy:
 
 def load_trained_policy(run_dir: str, which: str = "latest", num_steps: int = 3) -> TrainedPolicy:
     """Load a MAML-RL run's ``best``, ``latest`` or ``init`` policy, with ``num_steps`` inner
-    steps at the run's evaluation rates and rollouts (``algorithm.eval_lrs``,
-    ``algorithm.eval_rollouts``).
+    steps as the run's evaluation takes them (the family's discount and baseline,
+    ``algorithm.eval_lrs``, ``algorithm.eval_rollouts``).
 
     Call it before anything else computes with JAX: a locomotion run asks XLA:CPU for its
     serial LAPACK scheduling first, as ``metalearn.evaluate`` does. Raises FileNotFoundError or
-    ValueError with a one-line message on a directory that is not a run, and ValueError on a
-    run that is not MAML-RL.
+    ValueError with a one-line message on a directory that is not a run, a run that is not
+    MAML-RL, or a bad ``which`` or ``num_steps``.
     """
-    from metalearn.evaluate import load_run_config
-    from metalearn.rl.algorithm import MAMLRLAlgorithmConfig, evaluation_inner
-    from metalearn.runner.cpu_backend import schedule_lapack_calls_serially
-    from metalearn.runner.experiment import needs_serial_lapack
-    from metalearn.runner.loop import load_for_evaluation
+    from metalearn.evaluate import load_run
+    from metalearn.rl.algorithm import evaluation_inner
 
-    cfg = load_run_config(run_dir, [])
-    if not isinstance(cfg.algorithm, MAMLRLAlgorithmConfig):
-        raise ValueError(
-            f"{run_dir} is a {cfg.algorithm.name} run; a probe needs algorithm=maml_rl"
-        )
-    if needs_serial_lapack(cfg):
-        schedule_lapack_calls_serially()
-    runner, saved = load_for_evaluation(cfg, run_dir, which)
+    if which not in ("best", "latest", "init"):
+        raise ValueError(f"which={which!r}: choose best, latest or init")
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 0:
+        raise ValueError(f"num_steps={num_steps!r}: give a count of inner steps, 0 or more")
+    runner, saved = load_run(run_dir, which, check=_check_maml_rl)
     runner.close()
     objective = runner.exp.objective
     return TrainedPolicy(
@@ -81,8 +76,16 @@ def load_trained_policy(run_dir: str, which: str = "latest", num_steps: int = 3)
         params=saved.meta_params,
         env=objective.env,
         policy_apply=objective.policy_apply,
-        inner=evaluation_inner(cfg.algorithm, InnerConfig(), num_steps),
+        inner=evaluation_inner(runner.cfg.algorithm, objective.inner, num_steps),
     )
+
+
+def _check_maml_rl(run_dir, cfg) -> None:
+    from metalearn.rl.algorithm import MAMLRLAlgorithmConfig
+
+    if not isinstance(cfg.algorithm, MAMLRLAlgorithmConfig):
+        name = cfg.algorithm.name
+        raise ValueError(f"{run_dir} is a {name} run; a probe needs algorithm=maml_rl")
 
 
 def probe_tasks(env: Env, num_tasks: int) -> tuple[Any, jax.Array]:
@@ -95,13 +98,10 @@ def adaptation_rollouts(
     policy: TrainedPolicy, key: jax.Array, task: Any
 ) -> tuple[list[Trajectories], Params]:
     """One task's batches after 0, 1, ..., ``policy.inner.num_steps`` inner steps (each
-    ``policy.inner.num_rollouts`` episodes), and the adapted parameters. Jit-compatible.
+    ``policy.inner.num_rollouts`` episodes), and the adapted parameters: the batches whose mean
+    returns the run's evaluation reports (:func:`metalearn.rl.maml_rl.adaptation_batches`).
+    Jit-compatible.
     """
-    inner_key, last_key = jax.random.split(key)
-    batches, _, adapted = sample_adaptation(
-        policy.env, policy.policy_apply, policy.params, inner_key, task, policy.inner
+    return adaptation_batches(
+        policy.env, policy.policy_apply, policy.params, key, task, policy.inner
     )
-    last = rollouts(
-        policy.env, policy.policy_apply, adapted, last_key, task, policy.inner.num_rollouts
-    )
-    return [*batches, last], adapted

@@ -4,20 +4,28 @@ and the probes' loader of a run's policy."""
 from __future__ import annotations
 
 import json
+import re
 
 import jax
 import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
+from metalearn.algorithms.base import context
 from metalearn.config import to_objects
+from metalearn.data.task import Task
 from metalearn.rl.probe import adaptation_rollouts, load_trained_policy, probe_tasks
+from metalearn.rl.rollout import episode_returns
 from metalearn.runner.checkpoints import CheckpointStore
 from metalearn.runner.experiment import build_experiment
 from metalearn.runner.loop import train_and_evaluate
 from metalearn.runner.steps import trained
 from tests.cli import RL_TINY, error_line, run_cli
 from tests.conftest import compose_config, restore_latest_state
+
+# The probes' first held-out goal and key (recorded from metalearn.rl.probe.probe_tasks).
+PROBE_TASK_0 = [0.10666704, 0.21323586]
+PROBE_KEY_0 = [3625411723, 1954958720]
 
 
 def rl_config(*overrides: str):
@@ -87,8 +95,6 @@ def test_probe_loads_the_runs_policy_and_its_evaluation_inner_loop(cli_run):
     saved = restore_latest_state(str(cli_run), cfg).meta_params
     for a, b in zip(jax.tree.leaves(latest.params), jax.tree.leaves(saved), strict=True):
         np.testing.assert_array_equal(a, b)
-    assert latest.inner.num_steps == 3 and latest.inner.num_rollouts == cfg.algorithm.eval_rollouts
-    assert latest.inner.lrs == (0.1, 0.05, 0.05)  # rl_nav2d_maml's algorithm.eval_lrs
     init = load_trained_policy(str(cli_run), "init", num_steps=1)
     assert (init.which, init.step, init.inner.num_steps) == ("init", 0, 1)
     start = build_experiment(cfg).initial_state.meta_params
@@ -96,20 +102,52 @@ def test_probe_loads_the_runs_policy_and_its_evaluation_inner_loop(cli_run):
         np.testing.assert_array_equal(a, b)
 
 
+def test_probe_adapts_as_the_runs_evaluation_does(tmp_path):
+    # Settings off their defaults, so that a probe falling back to a default shows.
+    overrides = ["data.discount=0.9", "algorithm.eval_lrs=[0.3,0.2]", "algorithm.eval_rollouts=3"]
+    OmegaConf.save(compose_config([*RL_TINY, *overrides]), tmp_path / "config.yaml")
+    policy = load_trained_policy(str(tmp_path), "init")
+    inner = policy.inner
+    assert (inner.num_steps, inner.lrs, inner.num_rollouts) == (3, (0.3, 0.2, 0.2), 3)
+    assert inner.discount == 0.9
+    # Its batches' mean returns are the returns the run's evaluation (eval.json) computes for
+    # the same task and key.
+    exp = build_experiment(rl_config(*overrides))
+    tasks, keys = probe_tasks(policy.env, 2)
+    for key, task in zip(keys, tasks, strict=True):
+        trajs, _ = jax.jit(lambda k, t: adaptation_rollouts(policy, k, t))(key, task)
+        probed = [float(np.mean(episode_returns(t))) for t in trajs]
+        evaluate = lambda k, t: exp.learner.evaluate(  # noqa: E731
+            policy.params, Task(support=t, query=t), context(key=k), (0, 1, 2, 3)
+        )["return"]
+        # Two compiled programs: float32 sums may round apart (a few 1e-5 relative).
+        np.testing.assert_allclose(probed, jax.jit(evaluate)(key, task), rtol=1e-4)
+
+
 def test_probe_rollouts_after_each_inner_step_on_tasks_fixed_for_every_run(cli_run):
     policy = load_trained_policy(str(cli_run), "latest")
     tasks, keys = probe_tasks(policy.env, 3)
-    again, _ = probe_tasks(policy.env, 3)
-    np.testing.assert_array_equal(tasks, again)
+    # The same goals and keys in every process and version: two runs' probes pair task by task.
+    np.testing.assert_allclose(tasks[0], PROBE_TASK_0, atol=1e-6)
+    assert jax.random.key_data(keys[0]).tolist() == PROBE_KEY_0
     trajs, adapted = jax.jit(lambda k, t: adaptation_rollouts(policy, k, t))(keys[0], tasks[0])
     assert len(trajs) == 4  # before adaptation and after each of 3 steps
     assert all(t.mask.shape == (policy.inner.num_rollouts, 100) for t in trajs)
     assert not np.array_equal(adapted["log_std"], policy.params["log_std"])  # the steps moved it
-    # The batch before adaptation is sampled from the loaded parameters: its log-probabilities
-    # are those of the loaded policy's Gaussian at the recorded states and actions.
+    # The batch before adaptation is sampled from the loaded parameters: standardised by the
+    # loaded policy's Gaussian, its actions are standard normal.
     mean, log_std = policy.policy_apply(policy.params, trajs[0].obs)
     z = ((trajs[0].actions - mean) / np.exp(log_std))[trajs[0].mask > 0]
     assert z.size > 100 and abs(float(np.mean(z))) < 0.2 and abs(float(np.std(z)) - 1.0) < 0.2
+
+
+@pytest.mark.parametrize(
+    ("which", "num_steps", "fragment"),
+    [("bset", 3, "which='bset': choose best, latest or init"), ("init", -1, "num_steps=-1")],
+)
+def test_probe_refuses_a_bad_which_or_step_count(cli_run, which, num_steps, fragment):
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        load_trained_policy(str(cli_run), which, num_steps)
 
 
 def test_probe_refuses_a_run_that_is_not_maml_rl(tmp_path):

@@ -1,5 +1,6 @@
 #!/bin/bash
-# Ten seeds of the independent PyTorch MAML (scripts/reference_sinusoid_torch.py), 70,000
+# The independent PyTorch MAML (scripts/reference_sinusoid_torch.py) on the seeds in SEEDS
+# (default 0-9; the records' 10-19 were run with SEEDS="10 11 ... 19"), 70,000
 # meta-iterations each, one after the other on one thread; records seed_N.json beside this file.
 cd "$(dirname "$0")" || exit 1
 for seed in ${SEEDS:-0 1 2 3 4 5 6 7 8 9}; do

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from metalearn.rl.envs.locomotion import FAMILIES
 from metalearn.rl.probe import adaptation_rollouts, load_trained_policy, probe_tasks
+from metalearn.runner.evaluation import mean_and_ci95
 
 run_dir = sys.argv[1]
 num_tasks = int(sys.argv[3]) if len(sys.argv) > 3 else 40
@@ -37,9 +38,13 @@ def measure(key, task):
 
 tasks, keys = probe_tasks(policy.env, num_tasks)
 values = jnp.stack([measure(k, t) for k, t in zip(keys, tasks, strict=True)])  # (tasks, 4, 2)
-mean = jnp.mean(values, axis=0)
-half = 1.96 * jnp.std(values, axis=0, ddof=1) / num_tasks**0.5
 gain = values[:, 1:, 0] - values[:, :1, 0]
+
+
+def mean_ci(x, digits):
+    return [round(value, digits) for value in mean_and_ci95(x)]
+
+
 print(
     json.dumps(
         {
@@ -48,21 +53,9 @@ print(
             "step": policy.step,
             "tasks": num_tasks,
             "rollouts": policy.inner.num_rollouts,
-            "speed": [
-                [round(float(m), 3), round(float(h), 3)]
-                for m, h in zip(mean[:, 0], half[:, 0], strict=True)
-            ],
-            "ctrl_cost": [
-                [round(float(m), 4), round(float(h), 4)]
-                for m, h in zip(mean[:, 1], half[:, 1], strict=True)
-            ],
-            "speed_gain": [
-                [
-                    round(float(jnp.mean(g)), 3),
-                    round(float(1.96 * jnp.std(g, ddof=1) / num_tasks**0.5), 3),
-                ]
-                for g in gain.T
-            ],
+            "speed": [mean_ci(v, 3) for v in values[:, :, 0].T],
+            "ctrl_cost": [mean_ci(v, 4) for v in values[:, :, 1].T],
+            "speed_gain": [mean_ci(g, 3) for g in gain.T],
         }
     )
 )
