@@ -4,6 +4,8 @@ batching over tasks, termination. Short horizons keep the compile times small.""
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +24,7 @@ from metalearn.rl.envs.locomotion import (  # noqa: E402
 )
 from metalearn.rl.policy import init_policy, policy_apply  # noqa: E402
 from metalearn.rl.rollout import rollout  # noqa: E402
+from tests.cli import checkout_env  # noqa: E402
 
 STEPS = 6
 # The original (rllab) coefficients, written out again: control cost, survive bonus.
@@ -165,3 +168,26 @@ def test_vmap_over_tasks_equals_a_loop_and_jits():
                 getattr(batched, field)[i], getattr(single, field), rtol=1e-4, atol=1e-5
             )
     assert np.all(np.isfinite(np.asarray(batched.obs)))
+
+
+def test_building_an_env_leaves_no_log_file_and_prints_nothing(tmp_path):
+    # MuJoCo, left to itself, writes MUJOCO_LOG.TXT into the working directory (its compiler
+    # warns about Brax's models) and prints "Failed to import warp" when its GPU backend is absent.
+    code = (
+        "import mujoco\n"
+        "from metalearn.rl.envs.locomotion import make_locomotion_env\n"
+        "env = make_locomotion_env('ant_dir', horizon=5)\n"
+        "assert mujoco.get_mju_user_warning() is None  # MuJoCo's own handler is back\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=checkout_env(),
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout == ""
+    assert "MuJoCo" not in result.stderr and "WARNING: compiler" not in result.stderr
+    assert list(tmp_path.iterdir()) == []

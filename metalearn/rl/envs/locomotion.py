@@ -28,6 +28,9 @@ Brax is imported when an environment is built, not when ``metalearn.rl.envs`` is
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +40,8 @@ import jax
 import jax.numpy as jnp
 
 from metalearn.rl.envs.base import Env, register_env
+
+log = logging.getLogger("metalearn")
 
 HORIZON = 200
 BACKENDS = ("generalized", "positional", "spring", "mjx")
@@ -113,7 +118,9 @@ def brax_env(robot: str, backend: str) -> Any:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     try:
-        with warnings.catch_warnings():  # brax imports the unmaintained jaxopt
+        # brax imports the unmaintained jaxopt (DeprecationWarning), and MuJoCo prints "Failed to
+        # import warp" on stdout when its optional GPU backend is absent: neither is the user's.
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore", DeprecationWarning)
             from brax import envs
     except ImportError as err:
@@ -121,7 +128,16 @@ def brax_env(robot: str, backend: str) -> Any:
             "the locomotion environments need Brax: pip install -e '.[locomotion]'"
         ) from err
 
-    return envs.get_environment(robot, backend=backend)
+    import mujoco
+
+    # MuJoCo's compiler warns about Brax's own models (a deprecated attribute); by default it
+    # writes MUJOCO_LOG.TXT into the working directory and prints to stderr. Sent to the debug log.
+    handler = mujoco.get_mju_user_warning()
+    mujoco.set_mju_user_warning(lambda message: log.debug("MuJoCo (%s): %s", robot, message))
+    try:
+        return envs.get_environment(robot, backend=backend)
+    finally:
+        mujoco.set_mju_user_warning(handler)
 
 
 def make_locomotion_env(name: str, backend: str = DEFAULT_BACKEND, horizon: int = HORIZON) -> Env:
