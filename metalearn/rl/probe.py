@@ -62,8 +62,6 @@ def load_trained_policy(run_dir: str, which: str = "latest", num_steps: int = 3)
     from metalearn.evaluate import load_run
     from metalearn.rl.algorithm import evaluation_inner
 
-    if which not in ("best", "latest", "init"):
-        raise ValueError(f"which={which!r}: choose best, latest or init")
     if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 0:
         raise ValueError(f"num_steps={num_steps!r}: give a count of inner steps, 0 or more")
     runner, saved = load_run(run_dir, which, check=_check_maml_rl)

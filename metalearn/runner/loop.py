@@ -385,8 +385,10 @@ def load_for_evaluation(cfg: Config, workdir: str, which: str = "best") -> tuple
 
     Without an intact ``best/`` checkpoint, the latest one is loaded instead, with a warning.
     ``runner.loaded`` says which: ``"best"``, ``"latest"`` or ``"init"``, and
-    ``runner.loaded_step`` (0 for ``init``).
+    ``runner.loaded_step`` (0 for ``init``). Any other ``which`` is a ValueError.
     """
+    if which not in ("best", "latest", "init"):
+        raise ValueError(f"which={which!r}: choose best, latest or init")
     runner = Runner(cfg, workdir)
     template = runner.initial_state
     if which == "init":
