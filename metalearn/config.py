@@ -5,9 +5,10 @@ are typed by the dataclasses their entries register in :mod:`metalearn.registry`
 Hydra's ConfigStore as ``<group>/<name>_schema`` (internal: the YAMLs' defaults; refused on the
 command line). An entry the package ships no ``conf/<group>/<name>.yaml`` for is also stored as
 ``<group>/<name>``, so ``algorithm=NAME`` selects it with its defaults. So a wrong type or an
-unknown key fails at composition, with Hydra's message naming the key. :func:`validate` then
-checks values (positive rates, sensible step counts, a writable output directory) before
-anything compiles.
+unknown key fails at composition (``metalearn.train`` reports it in one line, see
+:mod:`metalearn.config_errors`); a key appended with ``+`` is refused by :func:`to_objects`.
+:func:`validate` then checks values (positive rates, sensible step counts, a writable output
+directory) before anything compiles.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import metalearn.algorithms  # noqa: F401  (registers algorithms)
 import metalearn.data  # noqa: F401  (registers task distributions)
 import metalearn.models  # noqa: F401  (registers models)
 import metalearn.rl  # noqa: F401  (registers the RL task family, policy model and algorithm)
+from metalearn.config_errors import SCHEMA_SUFFIX, unknown_key_message, unknown_keys
 from metalearn.registry import ALGORITHMS, MODELS, TASKS, Registry
 
 
@@ -112,7 +114,6 @@ class Config:
 GROUPS: dict[str, Registry] = {"algorithm": ALGORITHMS, "model": MODELS, "data": TASKS}
 
 
-SCHEMA_SUFFIX = "_schema"
 # Config groups whose choice on the command line becomes part of the run name.
 RUN_NAME_GROUPS = ("algorithm", "model", "data", "optimizer", "debug")
 
@@ -198,7 +199,11 @@ def check_group_choices(choices: Mapping[str, Any], options: Mapping[str, Sequen
 
 
 def to_objects(cfg: DictConfig) -> Config:
-    """Turn a composed config into plain dataclasses: nothing from OmegaConf reaches jit."""
+    """Turn a composed config into plain dataclasses: nothing from OmegaConf reaches jit.
+
+    A key no schema has (appended with ``+``, which Hydra allows) is refused, not ignored.
+    """
+    _refuse_unknown_keys(cfg)
 
     def section(schema: type, key: str) -> Any:
         # A section missing from the config (e.g. a run saved by an older version) takes the
@@ -219,6 +224,17 @@ def to_objects(cfg: DictConfig) -> Config:
     )
     validate(top)
     return top
+
+
+def _refuse_unknown_keys(cfg: DictConfig) -> None:
+    """Raise ValueError naming the first key of ``cfg`` that its schema does not have."""
+    groups = {}
+    for group, registry in GROUPS.items():
+        node = cfg.get(group)
+        if isinstance(node, DictConfig) and node.get("name") in registry.names():
+            groups[group] = registry.entry(node.name).config_cls
+    for full_key, schema in unknown_keys(cfg, Config, sections=groups):
+        raise ValueError(unknown_key_message(full_key, schema))
 
 
 def _group_object(group: str, node: DictConfig) -> Any:

@@ -27,6 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
 from metalearn.config import Config, to_objects
+from metalearn.config_errors import unknown_key_message
 from metalearn.data.sources import one_line
 from metalearn.runner.compilation_cache import enable_compilation_cache
 from metalearn.runner.cpu_backend import schedule_lapack_calls_serially
@@ -61,9 +62,7 @@ def load_run_config(run_dir: str, overrides: list[str]) -> Config:
         if not sep or not key:
             raise ValueError(f"override {override!r} is not key=value (e.g. eval.num_tasks=1000)")
         if key.split(".")[0] not in known:
-            raise ValueError(
-                f"unknown key {key!r} in {override!r}; the top-level keys are {', '.join(known)}"
-            )
+            raise ValueError(unknown_key_message(key.split(".")[0], Config))
     try:
         return to_objects(OmegaConf.merge(saved, OmegaConf.from_dotlist(overrides)))
     except OmegaConfBaseException as err:

@@ -17,8 +17,10 @@ import traceback
 import hydra
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from metalearn.config import (
     check_group_choices,
@@ -27,6 +29,7 @@ from metalearn.config import (
     register_configs,
     to_objects,
 )
+from metalearn.config_errors import composition_error_message
 from metalearn.data.sources import DataSourceError
 from metalearn.runner.compilation_cache import enable_compilation_cache
 from metalearn.runner.cpu_backend import schedule_lapack_calls_serially, start_cpu_devices
@@ -39,6 +42,7 @@ from metalearn.runner.sweeps import record_job
 # The Hydra configs ship inside the package (metalearn/conf/), so a wheel install runs too.
 CONF_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
 log = logging.getLogger("metalearn")
+_task_started = False  # set once Hydra has composed the config and calls main()
 
 register_configs()
 # Orbax reports every save and restore at INFO through absl, and JAX opens every run with an
@@ -72,6 +76,8 @@ def run(cfg: DictConfig, workdir: str) -> dict:
 @hydra.main(version_base=None, config_path="pkg://metalearn.conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     """One run; in a sweep (``-m``) a failing job is recorded and the sweep goes on."""
+    global _task_started
+    _task_started = True
     hydra_cfg = HydraConfig.get()
     workdir = hydra_cfg.runtime.output_dir
     sweep = hydra_cfg.mode == RunMode.MULTIRUN
@@ -119,8 +125,27 @@ def _group_options() -> dict[str, list[str]]:
     return {g: loader.get_group_options(g) for g in ("algorithm", "model", "data")}
 
 
+def _main_with_one_line_errors() -> None:
+    """Run :func:`main`; a command line Hydra cannot compose ends in one ``error:`` line, exit 2.
+
+    Hydra prints its own multi-line report unless ``HYDRA_FULL_ERROR`` is set, in which case it
+    raises; a user who set it gets Hydra's full traceback as before.
+    """
+    if "HYDRA_FULL_ERROR" in os.environ:
+        main()
+        return
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        main()
+    except (HydraException, OmegaConfBaseException) as err:
+        if _task_started:  # raised by the run itself, not by Hydra composing the command line
+            raise
+        print(f"error: {composition_error_message(err)}", file=sys.stderr)
+        sys.exit(2)
+
+
 if __name__ == "__main__":
     exit_on_renamed_keys(sys.argv[1:])
     for _signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(_signum, _stopped_early)
-    main()
+    _main_with_one_line_errors()

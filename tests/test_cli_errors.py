@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from metalearn.data.fewshot_builder import load_split_arrays
 from metalearn.data.omniglot_builder import OmniglotVinyals
 from metalearn.runner.rundir import saved_steps
-from tests.cli import OMNIGLOT_TINY, TINY, error_line, run_cli
+from tests.cli import OMNIGLOT_TINY, RL_TINY, TINY, error_line, run_cli
 from tests.conftest import compose_config
 from tests.data.fake_sources import truncate, write_omniglot
 
@@ -128,6 +128,46 @@ def test_schema_entries_are_not_group_options(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "overrides, fragments",
+    [
+        (["eval.num_task=5"], ["eval.num_task is not a setting of eval", "eval.num_tasks?"]),
+        # Hydra accepts a key appended with +; nothing would read it, so it is refused too.
+        (["+eval.num_task=5"], ["eval.num_task is not a setting of eval", "eval.num_tasks?"]),
+        (["+algorithm.inner_lrr=0.1"], ["algorithm.inner_lrr", "did you mean algorithm.inner_lr?"]),
+        (["evl.num_tasks=5"], ["evl is not a setting of the config", "did you mean eval?"]),
+        (["optimizer.lr=fast"], ["optimizer.lr=fast", "could not be converted to Float"]),
+        (["algorithm=mamll"], ["algorithm=mamll is not an option", "use one of: anil, "]),
+        (["seed=0,1"], ["Ambiguous value", "--multirun"]),
+        (["seed=[1,2"], ["cannot parse the override 'seed=[1,2'"]),
+        (["-m", "optimizer.lr=0.001,fast"], ["optimizer.lr=fast", "converted to Float"]),
+    ],
+)
+def test_a_command_line_hydra_cannot_compose_is_one_line(tmp_path, overrides, fragments):
+    run_dirs = [f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    flags = [o for o in overrides if o == "-m"]  # before the overrides, as argparse wants
+    result = run_cli(*flags, *TINY, *[o for o in overrides if o != "-m"], *run_dirs)
+    line = error_line(result, *fragments)
+    assert "_schema" not in line and "+eval" not in line  # no internal entries, no bad advice
+    # Refused before the run starts: no config.yaml, no sweep job.
+    assert not (tmp_path / "run" / "config.yaml").exists()
+    assert not (tmp_path / "sweep" / "0").exists()
+
+
+def test_an_unknown_experiment_or_rl_key_is_one_line(tmp_path):
+    result = run_cli("+experiment=sinusoid_mam", f"hydra.run.dir={tmp_path}")
+    error_line(result, "experiment=sinusoid_mam is not an option", "sinusoid_maml, ")
+    result = run_cli(*RL_TINY, "model.hidden=[4]", f"hydra.run.dir={tmp_path}")
+    error_line(result, "model.hidden is not a setting of model (GaussianMLPConfig", "hidden_sizes?")
+
+
+def test_hydra_full_error_still_gives_hydras_traceback(tmp_path):
+    env = {**os.environ, "HYDRA_FULL_ERROR": "1"}
+    result = run_cli(*TINY, "eval.num_task=5", f"hydra.run.dir={tmp_path}", env=env)
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr and "ConfigCompositionException" in result.stderr
+
+
+@pytest.mark.parametrize(
     "overrides, blamed, cleared",
     [
         (
@@ -155,9 +195,10 @@ def run_config_dir(tmp_path_factory):
 @pytest.mark.parametrize(
     "override, fragments",
     [
-        ("eval.num_task=5", ["num_task", "check the overrides"]),
-        ("evl.num_tasks=5", ["unknown key 'evl.num_tasks'", "eval"]),
-        ("algorithm.inner_lrr=0.1", ["inner_lrr", "check the overrides"]),
+        ("eval.num_task=5", ["eval.num_task is not a setting", "did you mean eval.num_tasks?"]),
+        ("evl.num_tasks=5", ["evl is not a setting", "did you mean eval?"]),
+        ("algorithm.inner_lrr=0.1", ["algorithm.inner_lrr", "did you mean algorithm.inner_lr?"]),
+        ("optimizer.lr=fast", ["optimizer.lr", "fast", "check the overrides"]),
     ],
 )
 def test_evaluate_with_a_misspelt_key(run_config_dir, override, fragments):

@@ -1,0 +1,109 @@
+"""One-line messages for a command line Hydra cannot compose, or a key no schema has.
+
+Hydra reports a misspelt key, a value of the wrong type or an unknown group option in six to forty
+lines, and its advice for a misspelt key ("To append to your config use +data.horizn=...") adds
+the key to the config, where nothing reads it. ``metalearn.train`` prints
+:func:`composition_error_message` instead, and :func:`unknown_keys` finds keys that were appended
+with ``+`` so that they are refused too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Mapping
+from typing import Any
+
+from hydra.errors import MissingConfigException, OverrideParseException
+from omegaconf import DictConfig
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+SCHEMA_SUFFIX = "_schema"  # ConfigStore entries that hold a group's schema, not an option
+
+
+def unknown_key_message(full_key: str, schema: type) -> str:
+    """Say that ``full_key`` is not a field of ``schema``, with the closest field and the list.
+
+    >>> from metalearn.config import EvalConfig
+    >>> from metalearn.config import DistributedConfig
+    >>> print(unknown_key_message("distributed.enable", DistributedConfig))  # doctest: +ELLIPSIS
+    distributed.enable is not a setting of distributed (DistributedConfig: enabled, ...); did
+    you mean distributed.enabled?
+    """
+    section, _, key = full_key.rpartition(".")
+    names = [f.name for f in dataclasses.fields(schema)]
+    close = difflib.get_close_matches(key, names, n=1)
+    where = f"{section} ({schema.__name__}: " if section else "the config (top-level keys: "
+    hint = f"; did you mean {section + '.' if section else ''}{close[0]}?" if close else ""
+    return f"{full_key} is not a setting of {where}{', '.join(names)}){hint}"
+
+
+def unknown_keys(
+    node: DictConfig, schema: type, prefix: str = "", sections: Mapping[str, type] | None = None
+) -> list[tuple[str, type]]:
+    """Each dotted key of ``node`` that its schema has no field for, with that schema.
+
+    Nested sections are checked against the dataclass their field defaults to, or against
+    ``sections[key]`` (for fields typed ``Any``, such as the ``algorithm`` group's).
+
+    >>> from omegaconf import OmegaConf
+    >>> from metalearn.config import Config, EvalConfig
+    >>> unknown_keys(OmegaConf.create({"seed": 0, "eval": {"num_task": 5}}), Config,
+    ...              sections={"eval": EvalConfig})
+    [('eval.num_task', <class 'metalearn.config.EvalConfig'>)]
+    """
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    sections = sections or {}
+    found = []
+    for key in node:
+        full = f"{prefix}.{key}" if prefix else str(key)
+        if key not in fields:
+            found.append((full, schema))
+            continue
+        factory = fields[key].default_factory
+        nested = sections.get(key, factory if dataclasses.is_dataclass(factory) else None)
+        child = node._get_node(key)
+        if nested is not None and isinstance(child, DictConfig):
+            found += unknown_keys(child, nested, full)
+    return found
+
+
+def composition_error_message(err: BaseException) -> str:
+    """One line for an error Hydra or OmegaConf raised while composing the command line.
+
+    >>> from hydra.errors import MissingConfigException
+    >>> composition_error_message(MissingConfigException(
+    ...     "Could not find 'algorithm/mamll'", "algorithm/mamll", ["maml", "maml_schema"]))
+    'algorithm=mamll is not an option; use one of: maml'
+    """
+    cause = err.__cause__
+    if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options:
+        group, _, name = err.missing_cfg_file.rpartition("/")
+        options = [o for o in err.options if not o.endswith(SCHEMA_SUFFIX)]
+        return f"{group or 'config'}={name} is not an option; use one of: {', '.join(options)}"
+    if isinstance(err, OverrideParseException):
+        return f"cannot parse the override {err.override!r}: {_lines(err.message)}"
+    key_error = err if isinstance(err, _KEY_ERRORS) else cause
+    if isinstance(key_error, _KEY_ERRORS) and _is_schema(key_error.object_type):
+        return unknown_key_message(str(key_error.full_key), key_error.object_type)
+    if isinstance(cause, ValidationError):  # "Error merging override optimizer.lr=fast"
+        override = str(err).removeprefix("Error merging override ").strip()
+        return f"{override}: {_lines(str(cause))}"
+    return "; ".join(filter(None, [_lines(str(err)), _lines(str(cause)) if cause else ""]))
+
+
+_KEY_ERRORS = (ConfigKeyError, ConfigAttributeError)  # OmegaConf raises either for a missing key
+
+
+def _is_schema(object_type: Any) -> bool:
+    return isinstance(object_type, type) and dataclasses.is_dataclass(object_type)
+
+
+def _lines(text: str) -> str:
+    """A multi-line message as one line, without OmegaConf's ``full_key:``/``object_type=``."""
+    kept = []
+    for line in text.splitlines():
+        line = " ".join(line.split())
+        if line and not line.startswith(("full_key:", "object_type=", "reference_type=")):
+            kept.append(line)
+    return "; ".join(kept)
