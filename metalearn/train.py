@@ -45,9 +45,10 @@ log = logging.getLogger("metalearn")
 _task_started = False  # set once Hydra has composed the config and calls main()
 
 register_configs()
-# Orbax reports every save and restore at INFO through absl, and JAX opens every run with an
-# INFO line about the TPU backend it did not find; keep the run log readable.
-for _name in ("absl", "jax._src.xla_bridge"):
+# Orbax reports every save and restore at INFO through absl, JAX opens every run with an INFO
+# line about the TPU backend it did not find, and torch (imported by tensorboardX where it is
+# installed) logs its FakeTensor cache statistics at exit; keep the run log readable.
+for _name in ("absl", "jax._src.xla_bridge", "torch"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 
 

@@ -201,9 +201,11 @@ def train_and_evaluate(cfg: Config, workdir: str) -> dict:
                 runner.close()
         except Interrupted as err:
             steps = saved_steps(workdir)
-            saved = f"checkpoint of step {max(steps)} is saved" if steps else "nothing is saved yet"
+            saved = (
+                f"the checkpoint of step {max(steps)} is saved" if steps else "nothing is saved yet"
+            )
             log.warning(
-                "%s during %s: the %s; rerun with hydra.run.dir=%s to resume",
+                "%s during %s: %s; rerun with hydra.run.dir=%s to resume",
                 err,
                 stop.phase,
                 saved,
@@ -240,6 +242,7 @@ def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
     cfg, t = runner.cfg, runner.cfg.trainer
     stop.phase = "the restore of the checkpoint"
     state, best_score = _restore(runner)
+    stop.phase = "start-up"  # opening the metrics writer (it imports tensorboardX) and the bar
     step = start_step = int(state.step)
     log.info(
         "training %s: %s on %s, %d parameters, tasks batched by %s, %d %s device(s)",

@@ -1,6 +1,7 @@
 """SIGTERM/Ctrl-C anywhere end in one line and a resumable run; a sweep runs every job."""
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -72,6 +73,9 @@ def test_signal_anywhere_says_what_was_saved_and_resumes(tmp_path, signum, marke
     if "|" not in phase:
         assert f"interrupted by {signal.Signals(signum).name} during {phase}" in stop_lines[0]
         assert "the checkpoint of step 4 is saved" in stop_lines[0]
+    else:
+        saved = r"(nothing is saved yet|the checkpoint of step \d+ is saved)"
+        assert re.search(rf"during ({phase}): {saved}; rerun", stop_lines[0]), stop_lines[0]
     assert not (run_dir / "eval.json").exists()
     resumed = start(run_dir, *SLOW_EVAL)
     out, _ = resumed.communicate(timeout=300)

@@ -125,9 +125,9 @@ def test_signal_saves_a_usable_checkpoint_and_resume_matches(tmp_path, signum):
         env=checkout_env(),
     )
     deadline = time.time() + 120
-    while time.time() < deadline and not (run_dir / "metrics.jsonl").exists():
-        time.sleep(0.2)
-    time.sleep(1.0)
+    metrics = run_dir / "metrics.jsonl"
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().strip()):
+        time.sleep(0.2)  # until the first training record: the run is in its training loop
     proc.send_signal(signum)
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signum, output
