@@ -339,6 +339,29 @@ def renamed_key_errors(overrides: list[str]) -> list[str]:
     return errors
 
 
+def rename_old_keys(saved: DictConfig) -> list[str]:
+    """Move keys of a config saved before a rename to their new names, in place.
+
+    Returns ``"old -> new"`` for each key moved; a config that holds both spellings is refused.
+
+    >>> saved = OmegaConf.create({"algorithm": {"num_steps": 5}, "trainer": {"num_steps": 3}})
+    >>> rename_old_keys(saved), OmegaConf.to_container(saved)
+    (['algorithm.num_steps -> algorithm.inner_steps', 'trainer.num_steps -> trainer.meta_steps'], \
+{'algorithm': {'inner_steps': 5}, 'trainer': {'meta_steps': 3}})
+    """
+    moved = []
+    for old, new in RENAMED.items():
+        section, _, key = old.rpartition(".")
+        node = saved.get(section)
+        if not isinstance(node, DictConfig) or key not in node:
+            continue
+        if OmegaConf.select(saved, new) is not None:
+            raise ValueError(f"the config holds both {old} and its new name {new}: delete {old}")
+        OmegaConf.update(saved, new, node.pop(key), force_add=True)
+        moved.append(f"{old} -> {new}")
+    return moved
+
+
 def exit_on_renamed_keys(argv: list[str]) -> None:
     """Print ``error: ...`` and exit 2 if an override in ``argv`` uses a renamed key."""
     errors = renamed_key_errors(argv)

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
-from metalearn.config import Config, to_objects
+from metalearn.config import Config, rename_old_keys, to_objects
 from metalearn.config_errors import unknown_key_message
 from metalearn.data.sources import one_line
 from metalearn.runner.compilation_cache import enable_compilation_cache
@@ -56,6 +56,9 @@ def load_run_config(run_dir: str, overrides: list[str]) -> Config:
     missing = [k for k in REQUIRED_KEYS if not isinstance(saved, DictConfig) or k not in saved]
     if missing:
         raise ValueError(f"{path} is empty or half-written (no {', '.join(missing)}); {_REWRITE}")
+    moved = rename_old_keys(saved)
+    if moved:
+        print(f"{path} predates renamed keys: read {', '.join(moved)}", file=sys.stderr)
     known = [f.name for f in dataclasses.fields(Config)]
     for override in overrides:
         key, sep, _ = override.partition("=")

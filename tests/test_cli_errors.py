@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from metalearn.data.fewshot_builder import load_split_arrays
 from metalearn.data.omniglot_builder import OmniglotVinyals
+from metalearn.evaluate import load_run_config
 from metalearn.runner.rundir import saved_steps
 from tests.cli import OMNIGLOT_TINY, RL_TINY, TINY, error_line, run_cli
 from tests.conftest import compose_config
@@ -212,3 +213,21 @@ def test_evaluate_with_an_empty_or_half_written_config(run_config_dir, tmp_path,
     (tmp_path / "config.yaml").write_text(text[: int(len(text) * cut)])
     result = run_cli(str(tmp_path), module="metalearn.evaluate")
     error_line(result, str(tmp_path / "config.yaml"), "empty or half-written", "recreate it")
+
+
+def test_evaluate_reads_a_config_saved_before_keys_were_renamed(run_config_dir, tmp_path):
+    saved = OmegaConf.load(run_config_dir / "config.yaml")
+    saved.algorithm.num_steps = 3  # the spellings before the rename, as old runs saved them
+    del saved.algorithm.inner_steps
+    saved.trainer.num_steps = 7
+    del saved.trainer.meta_steps
+    OmegaConf.save(saved, tmp_path / "config.yaml")
+    printed = io.StringIO()
+    with contextlib.redirect_stderr(printed):
+        cfg = load_run_config(str(tmp_path), ["eval.num_tasks=5"])
+    assert (cfg.algorithm.inner_steps, cfg.trainer.meta_steps, cfg.eval.num_tasks) == (3, 7, 5)
+    assert "algorithm.num_steps -> algorithm.inner_steps" in printed.getvalue()
+    saved.trainer.meta_steps = 9  # both spellings: which one was meant is unknown
+    OmegaConf.save(saved, tmp_path / "config.yaml")
+    with pytest.raises(ValueError, match="both trainer.num_steps and its new name"):
+        load_run_config(str(tmp_path), [])
