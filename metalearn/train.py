@@ -145,7 +145,21 @@ def _main_with_one_line_errors() -> None:
         sys.exit(2)
 
 
+# Hydra's flags that take no value; argparse refuses them between two overrides.
+_BARE_FLAGS = ("-m", "--multirun", "--resolve")
+
+
+def _bare_flags_first(argv: list[str]) -> list[str]:
+    """``argv`` with Hydra's value-less flags moved before the overrides.
+
+    >>> _bare_flags_first(["+experiment=sinusoid_maml", "-m", "seed=0,1"])
+    ['-m', '+experiment=sinusoid_maml', 'seed=0,1']
+    """
+    return [a for a in argv if a in _BARE_FLAGS] + [a for a in argv if a not in _BARE_FLAGS]
+
+
 if __name__ == "__main__":
+    sys.argv[1:] = _bare_flags_first(sys.argv[1:])
     exit_on_renamed_keys(sys.argv[1:])
     for _signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(_signum, _stopped_early)
