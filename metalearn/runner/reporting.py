@@ -63,7 +63,8 @@ class MetricsWriter:
                 self._tb.add_scalar(name, value, step)
         for entry in record.get("eval", []):
             tag = f"{record['split']}/{entry['metric']}/shots{entry['shots']}_steps{entry['steps']}"
-            self._tb.add_scalar(tag, entry["mean"], step)
+            mean = entry["mean"]  # None when every task is non-finite: NaN in TensorBoard
+            self._tb.add_scalar(tag, float("nan") if mean is None else mean, step)
 
     def close(self) -> None:
         if self.enabled:

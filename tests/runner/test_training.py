@@ -22,6 +22,7 @@ from metalearn.runner.loop import (
     load_for_evaluation,
     train_and_evaluate,
 )
+from metalearn.runner.rundir import saved_steps
 from metalearn.runner.steps import trained
 from tests.cli import checkout_env, run_cli, run_script
 from tests.conftest import compose_config, restore_latest_state
@@ -290,3 +291,19 @@ def test_training_and_evaluation_queue_only_a_few_calls_ahead(tmp_path, monkeypa
     assert train.added == 24 and train.longest == devices.MAX_CALLS_IN_FLIGHT
     assert evaluations and all(q.longest <= devices.MAX_CALLS_IN_FLIGHT for q in evaluations)
     assert sum(q.added for q in evaluations) >= 16 // 2  # tasks_per_call 2
+
+
+def test_a_validation_with_every_task_non_finite_does_not_stop_the_run(tmp_path):
+    # 30 inner steps of 5.0 blow up every task (training uses 1 step, which stays finite); the
+    # validation's mean is then None, which the TensorBoard writer refused with a traceback
+    # at the first validation, before any checkpoint was saved.
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        *TINY, "algorithm.inner_lr=5", "eval.steps=[0,1,30]", f"hydra.run.dir={run_dir}"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stdout + result.stderr
+    assert saved_steps(str(run_dir)) == [2, 4]
+    blown = [r for r in json.loads((run_dir / "eval.json").read_text()) if r["steps"] == 30]
+    assert blown and all(r["mean"] is None and r["nonfinite"] == r["tasks"] for r in blown)
+    assert "all 4 tasks non-finite" in result.stdout  # the log line of the test records
