@@ -31,12 +31,13 @@ from metalearn.config import (
 )
 from metalearn.config_errors import composition_error_message
 from metalearn.data.sources import DataSourceError
+from metalearn.runner.checkpoints import CheckpointMismatchError
 from metalearn.runner.compilation_cache import enable_compilation_cache
 from metalearn.runner.cpu_backend import schedule_lapack_calls_serially, start_cpu_devices
 from metalearn.runner.devices import initialize_distributed
 from metalearn.runner.experiment import cpu_devices_for, needs_serial_lapack
 from metalearn.runner.loop import NonFiniteError, prepare_run_directory, train_and_evaluate
-from metalearn.runner.rundir import RunDirectoryError, restore_hydra_files
+from metalearn.runner.rundir import RunDirectoryError, record_kept_on, restore_hydra_files
 from metalearn.runner.sweeps import record_job
 
 # The Hydra configs ship inside the package (metalearn/conf/), so a wheel install runs too.
@@ -65,13 +66,14 @@ def run(cfg: DictConfig, workdir: str) -> dict:
     check_writable(workdir)
     d = config.distributed
     initialize_distributed(d.enabled, d.coordinator_address, d.num_processes, d.process_id)
-    prepare_run_directory(config, workdir)
-    path = os.path.join(workdir, "config.yaml")
-    partial = f"{path}.{os.getpid()}.tmp"  # never a half-written config.yaml (one per host)
-    with open(partial, "w") as f:
-        f.write(OmegaConf.to_yaml(cfg, resolve=True))
-    os.replace(partial, path)
-    return train_and_evaluate(config, workdir)
+    with record_kept_on(CheckpointMismatchError, workdir):
+        prepare_run_directory(config, workdir)
+        path = os.path.join(workdir, "config.yaml")
+        partial = f"{path}.{os.getpid()}.tmp"  # never a half-written config.yaml (one per host)
+        with open(partial, "w") as f:
+            f.write(OmegaConf.to_yaml(cfg, resolve=True))
+        os.replace(partial, path)
+        return train_and_evaluate(config, workdir)
 
 
 @hydra.main(version_base=None, config_path="pkg://metalearn.conf", config_name="config")

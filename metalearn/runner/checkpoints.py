@@ -6,8 +6,10 @@ those are never loaded and are removed when the store is next opened. After orba
 ``checksums.sha256`` manifest (one ``sha256  relative/path`` line per file) is written into the
 step directory. Loading verifies it: a checkpoint whose files were truncated, altered or deleted
 is moved aside to ``damaged/<step>-<time>/`` (never deleted) and the next older intact one is
-used. Two stores live in a run directory: ``checkpoints/`` (the latest states, for resuming) and
-``best/`` (the parameters that did best on validation).
+used; one whose files verify but whose parameters do not fit the config (another model's
+shapes) is refused with :class:`CheckpointMismatchError` and left in place. Two stores live in a
+run directory: ``checkpoints/`` (the latest states, for resuming) and ``best/`` (the parameters
+that did best on validation).
 """
 
 from __future__ import annotations
@@ -63,6 +65,10 @@ def write_manifest(directory: str) -> None:
     with open(path + ".tmp", "w") as f:
         f.write(lines)
     os.replace(path + ".tmp", path)
+
+
+class CheckpointMismatchError(ValueError):
+    """An intact checkpoint whose parameters do not fit the config's (shape or structure)."""
 
 
 def verify(directory: str, required: bool = True) -> str | None:
@@ -202,6 +208,15 @@ class CheckpointStore:
                         result = self.restore(template, step)
                 except RuntimeError as err:
                     problem = str(err.__cause__ or err).splitlines()[0][:200]
+                    if os.path.exists(os.path.join(self.step_dir(step), MANIFEST)):
+                        # Every file verified, so the files are fine: the config asks for
+                        # parameters of another shape or structure. Nothing is moved.
+                        raise CheckpointMismatchError(
+                            f"the checkpoint of step {step} in {self.directory} is intact but "
+                            f"does not fit this config's parameters ({problem.rstrip(':')}): a "
+                            "setting that shapes the model (model.*, data.*, algorithm) differs "
+                            "from the run's; use the run's own values for those settings"
+                        ) from None
             if result is not None:
                 used = step
                 break

@@ -10,12 +10,15 @@ longer). ``trainer.resume=false`` in a directory that holds a run is refused too
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 from hydra.experimental.callback import Callback
@@ -156,6 +159,41 @@ def record_config(cfg: Config, workdir: str, changed: dict[str, tuple[Any, Any]]
     hydra_dir = os.path.join(workdir, ".hydra")
     if os.path.isdir(hydra_dir):
         shutil.copytree(hydra_dir, os.path.join(directory, HYDRA_COPY), dirs_exist_ok=True)
+
+
+@contextlib.contextmanager
+def record_kept_on(error: type[BaseException], workdir: str) -> Iterator[None]:
+    """Put the run's recorded config back if ``error`` is raised inside.
+
+    An allowed change is recorded before the checkpoint is restored; if the restore then refuses
+    it (:class:`~metalearn.runner.checkpoints.CheckpointMismatchError`), ``config.yaml``,
+    ``checkpoints/config.json`` and the Hydra files are put back as they were, so a rerun with
+    the run's own settings resumes without ``trainer.allow_changes``.
+    """
+    files = [os.path.join(workdir, "config.yaml"), os.path.join(workdir, "checkpoints", RECORD)]
+    saved = {}
+    for path in files:
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                saved[path] = f.read()
+    hydra_copy = os.path.join(workdir, "checkpoints", HYDRA_COPY)
+    backup = tempfile.mkdtemp(prefix="metalearn-hydra-")
+    if os.path.isdir(hydra_copy):
+        shutil.copytree(hydra_copy, backup, dirs_exist_ok=True)
+    try:
+        yield
+    except error:
+        for path, content in saved.items():
+            with open(path + ".tmp", "wb") as f:
+                f.write(content)
+            os.replace(path + ".tmp", path)
+        if os.path.isdir(hydra_copy):
+            shutil.rmtree(hydra_copy)
+            shutil.copytree(backup, hydra_copy)
+            restore_hydra_files(workdir)
+        raise
+    finally:
+        shutil.rmtree(backup, ignore_errors=True)
 
 
 def restore_hydra_files(workdir: str) -> None:

@@ -109,6 +109,23 @@ def test_an_allowed_change_resumes_and_is_recorded(run_copy):
     assert record["changes"] == [{"from_step": 4, "changed": {"trainer.meta_steps": [4, 6]}}]
 
 
+def test_a_change_of_parameter_shapes_is_refused_and_moves_nothing(run_copy):
+    # Intact checkpoints that do not fit the config's parameters were moved to damaged/ as if
+    # corrupt; evaluate then had nothing left, and a rerun trained again from step 0.
+    before = snapshot(run_copy)
+    fragments = ["the checkpoint of step 4", "is intact but does not fit", "the run's own values"]
+    one_line_error(cli("metalearn.evaluate", str(run_copy), "model.hidden_sizes=[16]"), *fragments)
+    assert snapshot(run_copy) == before
+    # Resuming with the change allowed: refused too, and the allowed change is not recorded.
+    allowed = ["trainer.meta_steps=6", "trainer.allow_changes=[model,trainer.meta_steps]"]
+    one_line_error(train(run_copy, "model.hidden_sizes=[16]", *allowed), *fragments)
+    assert {k: v for k, v in snapshot(run_copy).items() if k in before} == before
+    assert not any("damaged" in k for k in snapshot(run_copy))
+    # The run's own settings still resume it, with no trainer.allow_changes for the model.
+    result = train(run_copy, *allowed)
+    assert result.returncode == 0 and "resumed from step 4" in result.stdout, result.stderr
+
+
 def test_resume_false_in_a_run_directory_is_refused(run_copy):
     before = snapshot(run_copy)
     one_line_error(
