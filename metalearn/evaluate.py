@@ -1,12 +1,14 @@
 """Evaluate a saved checkpoint on its own: ``python -m metalearn.evaluate RUN_DIR``.
 
 Reads ``RUN_DIR/config.yaml``, restores the best-on-validation parameters (or the latest
-checkpoint with ``--which latest``, or when the run has no ``best/``: a warning says so), evaluates
-on the test split and writes the records, in the ``eval.json`` format plus ``checkpoint`` (best or
-latest) and ``checkpoint_step``, to ``RUN_DIR/eval_<best|latest>.json`` named after the checkpoint
-actually evaluated (or ``--out``). Any setting of the saved config can be overridden as
-``key=value`` (e.g. ``eval.num_tasks=1000``); an unknown key, an unreadable config or a missing
-checkpoint ends in one ``error:`` line and exit status 2.
+checkpoint with ``--which latest``, or when the run has no ``best/``: a warning says so; or the
+run's untrained initialisation with ``--which init``), evaluates on the test split and writes the
+records, in the ``eval.json`` format plus ``checkpoint`` (best, latest or init) and
+``checkpoint_step``, to ``RUN_DIR/eval_<best|latest|init>.json`` named after the parameters
+actually evaluated (or ``--out``, checked before the evaluation starts). Any setting of the saved
+config can be overridden as ``key=value`` (e.g. ``eval.num_tasks=1000``); an unknown key, an
+unreadable config, a missing checkpoint, an unwritable ``--out`` or a bad flag ends in one
+``error:`` line and exit status 2; Ctrl-C ends in one line, exit status 130.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -131,16 +133,33 @@ def load_run(
     return load_for_evaluation(cfg, run_dir, which)
 
 
+USAGE = (
+    "python -m metalearn.evaluate RUN_DIR [--which best|latest|init] [--out PATH] [key=value ...]"
+)
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one ``error:`` line with the usage, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message}; usage: {USAGE}", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _OneLineParser(description=__doc__.splitlines()[0], usage=USAGE)
     parser.add_argument("run_dir")
-    parser.add_argument("--which", choices=["best", "latest"], default="best")
+    parser.add_argument("--which", choices=["best", "latest", "init"], default="best")
     parser.add_argument("--out", default=None)
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = parser.parse_intermixed_args(argv)
     logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
     try:
+        if args.out is not None:
+            _check_writable_file(args.out)  # before minutes of evaluation, not after
         runner, params = load_run(args.run_dir, args.which, args.overrides)
+        out = args.out or os.path.join(args.run_dir, f"eval_{runner.loaded}.json")
+        _check_writable_file(out)
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
@@ -159,14 +178,29 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"evaluated the {runner.loaded} checkpoint (step {runner.loaded_step})")
     for r in records:
         r.update(checkpoint=runner.loaded, checkpoint_step=runner.loaded_step)
-    out = args.out or os.path.join(args.run_dir, f"eval_{runner.loaded}.json")
-    with open(out, "w") as f:
+    with open(out + ".tmp", "w") as f:
         json.dump(records, f, indent=2)
+    os.replace(out + ".tmp", out)
     for r in records:
         print(format_record(r))
     print(f"wrote {out}")
     return records
 
 
+def _check_writable_file(path: str) -> None:
+    """Raise ValueError (one line) if ``path`` cannot be written as a file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"--out {path} is a directory: give a file name, e.g. {path}/eval.json")
+    if not os.path.isdir(directory):
+        raise ValueError(f"cannot write {path}: {directory} does not exist; create it first")
+    if not os.access(directory, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise ValueError(f"cannot write {path}: permission denied; choose another --out")
+
+
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # the results are written at the end, in one atomic replace
+        print("interrupted by SIGINT: nothing was written", file=sys.stderr)
+        sys.exit(130)

@@ -231,3 +231,19 @@ def test_evaluate_reads_a_config_saved_before_keys_were_renamed(run_config_dir, 
     OmegaConf.save(saved, tmp_path / "config.yaml")
     with pytest.raises(ValueError, match="both trainer.num_steps and its new name"):
         load_run_config(str(tmp_path), [])
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["--out", "/nonexistent/x.json"], ["cannot write /nonexistent/x.json", "create it"]),
+        (["--out", "."], ["--out . is a directory"]),
+        (["--which", "bset"], ["invalid choice: 'bset'", "usage: python -m metalearn.evaluate"]),
+        (["--num-steps", "3"], ["unrecognized arguments: --num-steps 3", "usage:"]),
+    ],
+)
+def test_evaluate_flags_are_checked_before_the_evaluation(run_config_dir, args, fragments):
+    # An unwritable --out failed with a traceback after the whole evaluation; a bad flag
+    # printed argparse's usage over several lines.
+    result = run_cli(str(run_config_dir), *args, module="metalearn.evaluate")
+    error_line(result, *fragments)

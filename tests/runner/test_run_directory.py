@@ -7,6 +7,7 @@ user would; the reference is one finished tiny run, copied for each test.
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -205,3 +206,25 @@ def test_nan_message_names_the_newest_intact_checkpoint(run_copy):
     runner.close()
     assert f"last intact checkpoint: step 2 in {run_copy / 'checkpoints'}" in message
     assert os.path.exists(run_copy / "checkpoints" / "4")  # reporting moves nothing
+
+
+def test_evaluate_of_the_initialisation_and_ctrl_c(run_copy):
+    result = cli("metalearn.evaluate", str(run_copy), "--which", "init", "eval.num_tasks=2")
+    assert result.returncode == 0, result.stderr
+    assert json.loads((run_copy / "eval_init.json").read_text())[0]["checkpoint"] == "init"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "metalearn.evaluate", str(run_copy), "eval.num_tasks=1000000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=checkout_env(),
+    )
+    for line in proc.stderr:  # Ctrl-C once the evaluation has started
+        if line.startswith("evaluating on"):
+            proc.send_signal(signal.SIGINT)
+            break
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == "interrupted by SIGINT: nothing was written"
+    assert not (run_copy / "eval_best.json").exists()
