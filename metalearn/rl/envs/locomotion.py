@@ -113,6 +113,16 @@ FAMILIES = {
 }
 
 
+class _NoMJXInfo(logging.Filter):
+    """Drops MJX's INFO records on the root logger ("Using JAX default device", at every trace)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or "mjx" not in record.pathname
+
+
+_NO_MJX_INFO = _NoMJXInfo()
+
+
 def brax_env(robot: str, backend: str) -> Any:
     """Brax's own environment object for ``robot`` on ``backend`` (its system, pipeline, dt)."""
     if backend not in BACKENDS:
@@ -131,11 +141,19 @@ def brax_env(robot: str, backend: str) -> Any:
     import mujoco
 
     # MuJoCo's compiler warns about Brax's own models (a deprecated attribute); by default it
-    # writes MUJOCO_LOG.TXT into the working directory and prints to stderr. Sent to the debug log.
+    # writes MUJOCO_LOG.TXT into the working directory and prints to stderr. Brax warns, on every
+    # model it loads, that it is no longer maintained (the README says why it is used). Both go
+    # to the debug log.
     handler = mujoco.get_mju_user_warning()
     mujoco.set_mju_user_warning(lambda message: log.debug("MuJoCo (%s): %s", robot, message))
     try:
-        return envs.get_environment(robot, backend=backend)
+        logging.getLogger().addFilter(_NO_MJX_INFO)  # once: the same filter is not added twice
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            env = envs.get_environment(robot, backend=backend)
+        for warning in caught:
+            log.debug("Brax (%s): %s", robot, warning.message)
+        return env
     finally:
         mujoco.set_mju_user_warning(handler)
 
