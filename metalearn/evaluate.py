@@ -33,6 +33,7 @@ from metalearn.config_errors import unknown_key_message
 from metalearn.data.sources import one_line
 from metalearn.runner.compilation_cache import enable_compilation_cache
 from metalearn.runner.cpu_backend import schedule_lapack_calls_serially
+from metalearn.runner.devices import out_of_memory_message
 from metalearn.runner.evaluation import format_record
 from metalearn.runner.experiment import needs_serial_lapack
 from metalearn.runner.loop import Runner, load_for_evaluation
@@ -172,6 +173,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     progress = EvaluationProgress(num_tasks)
     try:
         records = runner.evaluate(params, "test", num_tasks, on_chunk=progress)
+    except Exception as err:
+        out_of_memory = out_of_memory_message(err, "lower eval.tasks_per_call (tasks per call)")
+        if not out_of_memory:
+            raise
+        progress.close()
+        print(f"error: {out_of_memory}", file=sys.stderr)
+        sys.exit(2)
     finally:
         progress.close()
         runner.close()

@@ -34,7 +34,7 @@ from metalearn.data.sources import DataSourceError
 from metalearn.runner.checkpoints import CheckpointMismatchError
 from metalearn.runner.compilation_cache import enable_compilation_cache
 from metalearn.runner.cpu_backend import schedule_lapack_calls_serially, start_cpu_devices
-from metalearn.runner.devices import initialize_distributed
+from metalearn.runner.devices import initialize_distributed, out_of_memory_message
 from metalearn.runner.experiment import cpu_devices_for, needs_serial_lapack
 from metalearn.runner.loop import NonFiniteError, prepare_run_directory, train_and_evaluate
 from metalearn.runner.rundir import RunDirectoryError, record_kept_on, restore_hydra_files
@@ -93,6 +93,9 @@ def main(cfg: DictConfig) -> float | None:
     except (ValueError, FileNotFoundError, NonFiniteError, DataSourceError) as err:
         return _failed(workdir, sweep, f"error: {err}", 2)
     except Exception as err:
+        out_of_memory = out_of_memory_message(err)
+        if out_of_memory:
+            return _failed(workdir, sweep, f"error: {out_of_memory}", 2)
         if not sweep:
             raise
         message = f"error: {type(err).__name__}: {err}".splitlines()[0]

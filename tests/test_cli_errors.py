@@ -247,3 +247,9 @@ def test_evaluate_flags_are_checked_before_the_evaluation(run_config_dir, args, 
     # printed argparse's usage over several lines.
     result = run_cli(str(run_config_dir), *args, module="metalearn.evaluate")
     error_line(result, *fragments)
+
+
+def test_out_of_memory_is_one_line_naming_what_bounds_memory(tmp_path):
+    # A meta-batch of 2e9 tasks asks XLA for 66 TB: a 48-line JaxRuntimeError traceback before.
+    result = run_cli(*TINY, "trainer.meta_batch_size=2000000000", f"hydra.run.dir={tmp_path}")
+    error_line(result, "out of memory on the device (RESOURCE_EXHAUSTED", "trainer.meta_batch_size")

@@ -178,3 +178,27 @@ def distributed_setup_error(err: BaseException) -> str:
 
 def is_primary_host() -> bool:
     return jax.process_index() == 0
+
+
+TRAINING_MEMORY_ADVICE = (
+    "lower trainer.meta_batch_size (tasks per meta-step), eval.tasks_per_call (tasks per "
+    "evaluation call) or, for RL, data.rollouts; or set trainer.task_batching=map (one task in "
+    "memory at a time) or algorithm.remat=true where the algorithm has it. Checkpoints already "
+    "saved are kept: rerun to resume"
+)
+
+
+def out_of_memory_message(err: BaseException, advice: str = TRAINING_MEMORY_ADVICE) -> str | None:
+    """One line for XLA's RESOURCE_EXHAUSTED, with ``advice`` (what bounds memory); else None.
+
+    >>> out_of_memory_message(RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 8 bytes."),
+    ...                       "lower eval.tasks_per_call")
+    'out of memory on the device (RESOURCE_EXHAUSTED: Out of memory allocating 8 bytes.); lower eval.tasks_per_call'
+    >>> out_of_memory_message(ValueError("shapes do not match")) is None
+    True
+    """  # noqa: E501
+    text = str(err)
+    if "RESOURCE_EXHAUSTED" not in text:
+        return None
+    reason = text[text.index("RESOURCE_EXHAUSTED") :].splitlines()[0][:160]
+    return f"out of memory on the device ({reason}); {advice}"
