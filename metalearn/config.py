@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import math
 import os
 import re
 import sys
@@ -258,8 +259,27 @@ def _require(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
+def _float_settings(node: Any, prefix: str = "") -> list[tuple[str, float]]:
+    """Every float of a config (in lists too), by dotted key.
+
+    >>> _float_settings(OptimizerConfig(lr=float("inf")), "optimizer")[0]
+    ('optimizer.lr', inf)
+    """
+    if dataclasses.is_dataclass(node):
+        found = []
+        for field in dataclasses.fields(node):
+            key = f"{prefix}.{field.name}" if prefix else field.name
+            found += _float_settings(getattr(node, field.name), key)
+        return found
+    if isinstance(node, (list, tuple)):
+        return [pair for item in node for pair in _float_settings(item, prefix)]
+    return [(prefix, node)] if isinstance(node, float) else []
+
+
 def validate(cfg: Config) -> None:
     """Check values the types cannot express; raise ValueError naming the key."""
+    for key, value in _float_settings(cfg):
+        _require(math.isfinite(value), f"{key} must be a finite number, got {value}")
     t, o, e = cfg.trainer, cfg.optimizer, cfg.eval
     for key, seed in (("seed", cfg.seed), ("eval.seed", e.seed)):
         _require(
@@ -304,6 +324,18 @@ def validate(cfg: Config) -> None:
     _require(o.warmup_steps >= 0, f"optimizer.warmup_steps must be >= 0, got {o.warmup_steps}")
     _require(
         o.grad_clip_norm >= 0, f"optimizer.grad_clip_norm must be >= 0, got {o.grad_clip_norm}"
+    )
+    _require(o.weight_decay >= 0, f"optimizer.weight_decay must be >= 0, got {o.weight_decay}")
+    _require(
+        o.weight_decay == 0 or o.name == "adamw",
+        f"optimizer.weight_decay={o.weight_decay} is used by optimizer.name=adamw only, and "
+        f"optimizer.name={o.name}: set optimizer.name=adamw, or leave weight_decay at 0",
+    )
+    _require(0 <= o.momentum < 1, f"optimizer.momentum must be in [0, 1), got {o.momentum}")
+    _require(
+        o.momentum == 0 or o.name == "sgd",
+        f"optimizer.momentum={o.momentum} is used by optimizer.name=sgd only, and "
+        f"optimizer.name={o.name}: set optimizer.name=sgd, or leave momentum at 0",
     )
     _require(
         0 <= o.final_lr_fraction <= 1,

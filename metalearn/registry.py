@@ -33,7 +33,9 @@ class Registry:
         """Decorator: ``@ALGORITHMS.register("maml", MAMLConfig)`` above the factory.
 
         ``info`` holds what the entry declares about itself beyond its config (a model's
-        head, embedding and normalisation layers: :class:`metalearn.models.base.ModelParts`).
+        head, embedding and normalisation layers: :class:`metalearn.models.base.ModelParts`;
+        an algorithm whose outer step does not use the ``optimizer`` section:
+        ``outer_step_settings(config) -> str | None``, the settings it uses instead).
         """
         fields = {f.name for f in dataclasses.fields(config_cls)}
         if "name" not in fields:

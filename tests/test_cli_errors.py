@@ -253,3 +253,17 @@ def test_out_of_memory_is_one_line_naming_what_bounds_memory(tmp_path):
     # A meta-batch of 2e9 tasks asks XLA for 66 TB: a 48-line JaxRuntimeError traceback before.
     result = run_cli(*TINY, "trainer.meta_batch_size=2000000000", f"hydra.run.dir={tmp_path}")
     error_line(result, "out of memory on the device (RESOURCE_EXHAUSTED", "trainer.meta_batch_size")
+
+
+@pytest.mark.parametrize("override", ["eval.shots=[1,5]", "trainer.shots=3"])
+def test_rl_runs_refuse_a_shot_count(tmp_path, override):
+    # RL tasks ignored the shot count: eval.shots=[1,5] reported two rows of other random tasks.
+    result = run_cli(*RL_TINY, override, f"hydra.run.dir={tmp_path}")
+    error_line(result, override.split("=")[0], "means nothing for an RL task")
+
+
+def test_an_rl_nan_names_the_settings_trpo_uses(tmp_path):
+    # The advice named optimizer.lr and optimizer.grad_clip_norm, which TRPO does not read.
+    result = run_cli(*RL_TINY, "algorithm.inner_lr=1e30", f"hydra.run.dir={tmp_path}")
+    line = error_line(result, "non-finite", "lower algorithm.inner_lr or algorithm.max_kl (TRPO)")
+    assert "optimizer" not in line

@@ -113,7 +113,17 @@ def evaluation_inner(c: MAMLRLAlgorithmConfig, inner: InnerConfig, num_steps: in
     return dataclasses.replace(inner, num_steps=num_steps, lrs=rates, num_rollouts=c.eval_rollouts)
 
 
-@ALGORITHMS.register("maml_rl", MAMLRLAlgorithmConfig)
+def outer_step_settings(c: MAMLRLAlgorithmConfig) -> str | None:
+    """The settings of the outer step when it is not the ``optimizer`` section's (TRPO's).
+
+    >>> outer_step_settings(MAMLRLAlgorithmConfig()), outer_step_settings(
+    ...     MAMLRLAlgorithmConfig(outer="ppo"))
+    ('algorithm.max_kl (TRPO)', None)
+    """
+    return "algorithm.max_kl (TRPO)" if c.outer == "trpo" else None
+
+
+@ALGORITHMS.register("maml_rl", MAMLRLAlgorithmConfig, outer_step_settings=outer_step_settings)
 def maml_rl(
     objective: Objective, config: MAMLRLAlgorithmConfig | None = None, **overrides
 ) -> MetaLearner:

@@ -129,7 +129,12 @@ def rl_env(config: RLTasksConfig | None = None) -> TaskFamily:
         env = env._replace(horizon=c.horizon)
 
     def sample(split_arrays: Any, key: jax.Array, shots: int) -> Task:
-        del split_arrays, shots
+        del split_arrays
+        if shots != 1:  # each value of eval.shots would be reported as if it meant something
+            raise ValueError(
+                f"shots={shots} means nothing for an RL task, which takes 1 (its rollouts per "
+                "inner step are data.rollouts, and algorithm.eval_rollouts in evaluation)"
+            )
         task = jax.tree.map(lambda x: x[0], env.sample_tasks(key, 1))
         return Task(support=task, query=task)
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from metalearn.runner.devices import replicated
 from metalearn.runner.evaluation import evaluation_keys
+from metalearn.runner.experiment import outer_step_settings
 from metalearn.runner.steps import Trained, make_eval_step
 
 # The inner loop "diverges" when adapting multiplies the mean query loss by more than this.
@@ -47,6 +48,10 @@ def inner_loop_verdict(before: np.ndarray, after: np.ndarray, steps: int, inner_
 def divergence_advice(cfg: Any, exp: Any, train_arrays: Any, mesh: Any, good: Trained) -> str:
     """What to change after a NaN, judged from ``good`` (the last finite parameters and state)."""
     inner_lr = getattr(cfg.algorithm, "inner_lr", None)
+    outer = outer_step_settings(cfg.algorithm)
+    if outer is not None:  # an outer step of its own (MAML-RL's TRPO): no optimizer to blame
+        inner = "algorithm.inner_lr or " if inner_lr is not None else ""
+        return f"lower {inner}{outer}"
     if inner_lr is None:  # no inner learning rate (e.g. ProtoNets): only the outer one is left
         return "lower optimizer.lr or set optimizer.grad_clip_norm"
     steps = int(getattr(cfg.algorithm, "inner_steps", 1))

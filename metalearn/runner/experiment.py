@@ -221,8 +221,33 @@ def lapack_device_warning(cfg: Config, platform: str, device_count: int) -> str 
     )
 
 
+def outer_step_settings(algorithm_config: Any) -> str | None:
+    """What sets the algorithm's outer step when the ``optimizer`` section does not (None)."""
+    declared = ALGORITHMS.entry(algorithm_config.name).info.get("outer_step_settings")
+    return declared(algorithm_config) if declared else None
+
+
+def refuse_unused_optimizer(cfg: Config) -> None:
+    """ValueError if ``optimizer.*`` is set away from its defaults where nothing reads it."""
+    settings = outer_step_settings(cfg.algorithm)
+    if settings is None:
+        return
+    default = OptimizerConfig(name=cfg.optimizer.name)
+    changed = [
+        f"optimizer.{f.name}={getattr(cfg.optimizer, f.name)}"
+        for f in dataclasses.fields(OptimizerConfig)
+        if getattr(cfg.optimizer, f.name) != getattr(default, f.name)
+    ]
+    if changed:
+        raise ValueError(
+            f"{', '.join(changed)} would have no effect: algorithm={cfg.algorithm.name} takes "
+            f"its outer step with {settings}, not the optimizer section; drop the setting"
+        )
+
+
 def build_experiment(cfg: Config) -> Experiment:
     """Everything a run needs, from a config already checked by :func:`config.validate`."""
+    refuse_unused_optimizer(cfg)
     tasks = TASKS.build(cfg.data)
     model = build_model(cfg.model, tasks, cfg.data.name)
     objective = family_objective(tasks, model)

@@ -1,5 +1,6 @@
 """Every experiment composes; bad config values fail early with a message naming the key."""
 
+import re
 import subprocess
 import sys
 
@@ -163,3 +164,46 @@ def test_renamed_keys_fail_naming_the_new_key(old, new):
     )
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: {old.split('=')[0]} was renamed {new}"
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        # Non-finite floats passed the range checks (inf > 0) and ended in a NaN much later.
+        (["model.init_std=inf"], "model.init_std must be a finite number, got inf"),
+        (["algorithm.eval_lrs=[0.1,nan]"], "algorithm.eval_lrs must be a finite number, got nan"),
+        (["algorithm.max_kl=inf"], "algorithm.max_kl must be a finite number"),
+        (["optimizer.momentum=nan"], "optimizer.momentum must be a finite number"),
+    ],
+)
+def test_non_finite_settings_are_refused(overrides, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        to_objects(compose_config(["+experiment=rl_nav2d_maml", *overrides]))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        # Adam and SGD ignored weight_decay, Adam and AdamW ignored momentum: silently.
+        (["optimizer.weight_decay=0.1"], "used by optimizer.name=adamw only"),
+        (["optimizer.name=adamw", "optimizer.weight_decay=-1"], "weight_decay must be >= 0"),
+        (["optimizer.momentum=0.9"], "used by optimizer.name=sgd only"),
+        (["optimizer.name=sgd", "optimizer.momentum=1.5"], "momentum must be in [0, 1)"),
+    ],
+)
+def test_optimizer_settings_the_optimizer_does_not_use_are_refused(overrides, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        to_objects(compose_config(["+experiment=sinusoid_maml", *overrides]))
+    to_objects(
+        compose_config(
+            ["+experiment=sinusoid_maml", "optimizer.name=adamw", "optimizer.weight_decay=0.1"]
+        )
+    )  # where it is used: accepted
+
+
+def test_maml_rl_with_trpo_refuses_optimizer_settings_it_would_ignore():
+    # TRPO's step is bounded by algorithm.max_kl; optimizer.lr=1e30 ran and changed nothing.
+    rl = ["+experiment=rl_nav2d_maml", "+debug=tiny", "model.hidden_sizes=[8]"]
+    with pytest.raises(ValueError, match=r"optimizer.lr=1e\+30 would have no effect"):
+        build_experiment(to_objects(compose_config([*rl, "optimizer.lr=1e30"])))
+    build_experiment(to_objects(compose_config([*rl, "algorithm.outer=ppo", "optimizer.lr=0.01"])))
