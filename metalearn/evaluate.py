@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
-from metalearn.config import Config, rename_old_keys, to_objects
+from metalearn.config import GROUPS, Config, rename_old_keys, to_objects
 from metalearn.config_errors import unknown_key_message
 from metalearn.data.sources import one_line
 from metalearn.runner.compilation_cache import enable_compilation_cache
@@ -69,6 +69,12 @@ def load_run_config(run_dir: str, overrides: list[str]) -> Config:
             raise ValueError(f"override {override!r} is not key=value (e.g. eval.num_tasks=1000)")
         if key.split(".")[0] not in known:
             raise ValueError(unknown_key_message(key.split(".")[0], Config))
+        if key in GROUPS:
+            raise ValueError(
+                f"{override}: a run is evaluated with the {key} it was trained with "
+                f"({key}={saved[key].get('name')}); override its settings instead "
+                f"({key}.KEY=VALUE)"
+            )
     try:
         return to_objects(OmegaConf.merge(saved, OmegaConf.from_dotlist(overrides)))
     except OmegaConfBaseException as err:

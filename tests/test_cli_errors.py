@@ -200,6 +200,11 @@ def run_config_dir(tmp_path_factory):
         ("evl.num_tasks=5", ["evl is not a setting", "did you mean eval?"]),
         ("algorithm.inner_lrr=0.1", ["algorithm.inner_lrr", "did you mean algorithm.inner_lr?"]),
         ("optimizer.lr=fast", ["optimizer.lr", "fast", "check the overrides"]),
+        # It said "algorithm config has no 'name'".
+        (
+            "algorithm=reptile",
+            ["evaluated with the algorithm it was trained with (algorithm=maml)"],
+        ),
     ],
 )
 def test_evaluate_with_a_misspelt_key(run_config_dir, override, fragments):
