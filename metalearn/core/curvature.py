@@ -81,6 +81,10 @@ def cg_solve(
     >>> [round(float(xi), 4) for xi in x]      # exact: [1/11, 7/11]
     [0.0909, 0.6364]
     """
+    if isinstance(max_iters, int) and max_iters < 1:
+        raise ValueError(f"cg_solve: max_iters must be >= 1, got {max_iters}")
+    if isinstance(tol, (int, float)) and not tol >= 0:  # tol**2 made a negative tol a large one
+        raise ValueError(f"cg_solve: tol must be >= 0, got {tol}")
     if x0 is None:  # r = b - A 0 without spending a product on it
         x, r = jax.tree_util.tree_map(jnp.zeros_like, b), b
     else:
@@ -120,6 +124,8 @@ def lanczos_eigenvalues(
     >>> [round(float(e), 4) for e in lanczos_eigenvalues(lambda v: A @ v, jnp.ones(3), 3)]
     [1.0, 2.0, 5.0]
     """
+    if isinstance(num_iters, bool) or not isinstance(num_iters, int) or num_iters < 1:
+        raise ValueError(f"num_iters must be an integer >= 1, got {num_iters!r}")
     n = v0.shape[0]
     num_iters = min(num_iters, n)
     basis = jnp.zeros((num_iters, n), v0.dtype)

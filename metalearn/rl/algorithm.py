@@ -22,7 +22,6 @@ from metalearn.algorithms.base import (
     TaskContext,
     check_choice,
     check_count,
-    check_fraction,
     check_nonnegative,
     check_positive,
     with_config,
@@ -80,8 +79,8 @@ def check_config(c: MAMLRLAlgorithmConfig) -> None:
     check_count("max_backtracks", c.max_backtracks, minimum=0)
     check_positive("max_kl", c.max_kl)
     check_nonnegative("cg_damping", c.cg_damping)
-    check_positive("backtrack_ratio", c.backtrack_ratio)
-    check_fraction("backtrack_ratio", c.backtrack_ratio)
+    if not 0 < c.backtrack_ratio < 1:  # 1 would retry the same step max_backtracks times
+        raise ValueError(f"algorithm.backtrack_ratio must be in (0, 1), got {c.backtrack_ratio}")
     check_positive("ppo_clip", c.ppo_clip)
     if not c.eval_lrs or min(c.eval_lrs) <= 0:
         raise ValueError(f"algorithm.eval_lrs must be positive rates, got {list(c.eval_lrs)}")

@@ -4,6 +4,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from metalearn import cg_solve, hessian, hvp, lanczos_eigenvalues, top_hessian_eigenvalue
 
@@ -117,3 +118,27 @@ def test_curvature_tools_under_jit_and_vmap():
     a = jnp.diag(jnp.array([2.0, 3.0, 4.0]))
     solve = jax.jit(jax.vmap(lambda b: cg_solve(lambda v: a @ v, b, max_iters=5).x))
     np.testing.assert_allclose(solve(xs), xs / jnp.array([2.0, 3.0, 4.0]), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"max_iters": 0}, "max_iters must be >= 1"),
+        ({"max_iters": -1}, "max_iters must be >= 1"),
+        ({"tol": -1.0}, "tol must be >= 0"),  # squared, it stopped at once and returned 0
+    ],
+)
+def test_cg_solve_refuses_settings_that_returned_zeros_silently(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        cg_solve(lambda v: 2 * v, jnp.ones(3), **kwargs)
+
+
+@pytest.mark.parametrize("num_iters", [0, -2])
+def test_lanczos_refuses_a_step_count_below_one(num_iters):
+    # 0 failed deep in JAX's indexing (IndexError), -2 in broadcast_in_dim (TypeError).
+    with pytest.raises(ValueError, match="num_iters must be an integer >= 1"):
+        lanczos_eigenvalues(lambda v: v, jnp.ones(3), num_iters)
+    with pytest.raises(ValueError, match="num_iters must be an integer >= 1"):
+        top_hessian_eigenvalue(
+            lambda p: jnp.sum(p**2), jnp.ones(3), jax.random.key(0), num_iters=num_iters
+        )
