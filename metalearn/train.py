@@ -13,8 +13,10 @@ import os
 import signal
 import sys
 import traceback
+from typing import NoReturn
 
 import hydra
+from hydra._internal.utils import get_args_parser
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
@@ -163,8 +165,27 @@ def _bare_flags_first(argv: list[str]) -> list[str]:
     return [a for a in argv if a in _BARE_FLAGS] + [a for a in argv if a not in _BARE_FLAGS]
 
 
+def _exit_on_bad_flags(argv: list[str]) -> None:
+    """One ``error:`` line, exit 2, for a flag Hydra's parser refuses (it prints its usage)."""
+    if any(a in ("-h", "--help", "--hydra-help", "--version") for a in argv):
+        return  # Hydra prints these itself
+    parser = get_args_parser()
+
+    def error(message: str) -> NoReturn:
+        print(
+            f"error: {message}; usage: python -m metalearn.train [-m] +experiment=NAME "
+            "[key=value ...] (--hydra-help lists Hydra's flags)",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+
+    parser.error = error  # type: ignore[method-assign]
+    parser.parse_args(argv)
+
+
 if __name__ == "__main__":
     sys.argv[1:] = _bare_flags_first(sys.argv[1:])
+    _exit_on_bad_flags(sys.argv[1:])
     exit_on_renamed_keys(sys.argv[1:])
     for _signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(_signum, _stopped_early)

@@ -141,6 +141,7 @@ def test_schema_entries_are_not_group_options(tmp_path):
         (["seed=0,1"], ["Ambiguous value", "--multirun"]),
         (["seed=[1,2"], ["cannot parse the override 'seed=[1,2'"]),
         (["-m", "optimizer.lr=0.001,fast"], ["optimizer.lr=fast", "converted to Float"]),
+        (["--foo"], ["unrecognized arguments: --foo", "usage: python -m metalearn.train"]),
     ],
 )
 def test_a_command_line_hydra_cannot_compose_is_one_line(tmp_path, overrides, fragments):
