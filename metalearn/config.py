@@ -416,6 +416,28 @@ def check_writable(directory: str) -> None:
         ) from None
 
 
+def check_writable_file(path: str | os.PathLike, flag: str, example: str) -> None:
+    """Raise ValueError (one line) unless ``path`` can be written as a file.
+
+    Called before work whose result would be lost at the write; ``flag`` names the option
+    (``--out``), ``example`` is a file name for the advice when ``path`` is a directory.
+
+    >>> check_writable_file("/nonexistent/x.json", "--out", "eval.json")
+    Traceback (most recent call last):
+    ...
+    ValueError: --out /nonexistent/x.json: /nonexistent does not exist; create it first
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        shown = os.path.join(path, example)
+        raise ValueError(f"{flag} {path} is a directory: give a file name, e.g. {shown}")
+    if not os.path.isdir(directory):
+        raise ValueError(f"{flag} {path}: {directory} does not exist; create it first")
+    if not os.access(directory, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise ValueError(f"{flag} {path}: permission denied; choose another {flag}")
+
+
 class CheckOutputDirectory(Callback):
     """Hydra callback: fail in one line, before Hydra creates it, if the run dir is unwritable."""
 

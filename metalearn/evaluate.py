@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
-from metalearn.config import GROUPS, Config, rename_old_keys, to_objects
+from metalearn.config import GROUPS, Config, check_writable_file, rename_old_keys, to_objects
 from metalearn.config_errors import unknown_key_message
 from metalearn.data.sources import one_line
 from metalearn.runner.compilation_cache import enable_compilation_cache
@@ -163,10 +163,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
     try:
         if args.out is not None:
-            _check_writable_file(args.out)  # before minutes of evaluation, not after
+            check_writable_file(args.out, "--out", "eval.json")  # before the evaluation
         runner, params = load_run(args.run_dir, args.which, args.overrides)
         out = args.out or os.path.join(args.run_dir, f"eval_{runner.loaded}.json")
-        _check_writable_file(out)
+        check_writable_file(out, "--out", "eval.json")
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
@@ -199,17 +199,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(format_record(r))
     print(f"wrote {out}")
     return records
-
-
-def _check_writable_file(path: str) -> None:
-    """Raise ValueError (one line) if ``path`` cannot be written as a file."""
-    directory = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise ValueError(f"--out {path} is a directory: give a file name, e.g. {path}/eval.json")
-    if not os.path.isdir(directory):
-        raise ValueError(f"cannot write {path}: {directory} does not exist; create it first")
-    if not os.access(directory, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise ValueError(f"cannot write {path}: permission denied; choose another --out")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from metalearn.config import check_writable_file
 from metalearn.runner.sweeps import read_status
 
 RECORD_COLUMNS = [
@@ -41,8 +42,11 @@ def run_overrides(run_dir: Path) -> dict[str, str]:
     path = run_dir / ".hydra" / "overrides.yaml"
     if not path.exists():
         return {}
+    items = yaml.safe_load(path.read_text()) or []
+    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+        raise ValueError("not a list of overrides")
     overrides = {}
-    for item in yaml.safe_load(path.read_text()) or []:
+    for item in items:
         key, _, value = item.partition("=")
         if key.lstrip("+") not in ("experiment", "debug", "hydra.run.dir", "hydra.sweep.dir"):
             overrides[key] = value
@@ -75,7 +79,13 @@ def collect(sweep_dir: Path) -> tuple[list[dict], list[tuple[Path, str]]]:
         if reason:
             missing.append((run_dir, reason))
             continue
-        overrides = run_overrides(run_dir)
+        try:
+            overrides = run_overrides(run_dir)
+        except (OSError, ValueError, yaml.YAMLError) as err:
+            mark = getattr(err, "problem_mark", None)  # where yaml's parser stopped
+            reason = f"{err.problem}, line {mark.line + 1}" if mark else str(err)
+            missing.append((run_dir, f"unreadable .hydra/overrides.yaml ({reason})"))
+            continue
         rows.extend({"run": run_dir.name, **overrides, **record} for record in records)
     return rows, missing
 
@@ -88,12 +98,28 @@ def main(argv: list[str] | None = None) -> int:
     if not args.sweep_dir.is_dir():
         print(f"error: {args.sweep_dir} is not a directory", file=sys.stderr)
         return 2
+    if args.csv:
+        try:
+            check_writable_file(args.csv, "--csv", "sweep.csv")
+        except ValueError as err:  # before collecting, not after printing the table
+            print(f"error: --csv {err}", file=sys.stderr)
+            return 2
     rows, missing = collect(args.sweep_dir)
     if not rows:
         for run_dir, reason in missing:
             print(f"{run_dir}: {reason}", file=sys.stderr)
-        print(f"error: no readable eval.json under {args.sweep_dir}", file=sys.stderr)
-        return 1
+        if not missing:
+            print(
+                f"error: no run directories (with .hydra/) under {args.sweep_dir}: give a sweep's "
+                "output directory, e.g. multirun/NAME/DATE_TIME",
+                file=sys.stderr,
+            )
+        else:
+            print(
+                f"error: no readable run under {args.sweep_dir}: each is listed above with why",
+                file=sys.stderr,
+            )
+        return 2
     override_keys = sorted({k for r in rows for k in r} - set(RECORD_COLUMNS) - NOT_SHOWN)
     columns = ["run", *override_keys, *[c for c in RECORD_COLUMNS if any(c in r for r in rows)]]
     widths = {c: max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns}

@@ -30,8 +30,28 @@ def read_metrics(run_dir: Path) -> tuple[dict[str, list], dict[tuple, list]]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: is {run_dir} a metalearn run directory?")
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
+    lines = path.read_text().splitlines()
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise ValueError(f"a JSON {type(record).__name__}, not a record")
+            records.append(record)
+        except ValueError as err:  # json.JSONDecodeError is a ValueError
+            if number < len(lines):
+                raise ValueError(
+                    f"{path}, line {number}: unreadable ({err}); delete or repair that line"
+                ) from None
+            # Half-written by a run killed or still running (a resume drops it too).
+            print(f"note: {path}: skipped its unreadable last line {number}", file=sys.stderr)
+    if not any(r.get("split") == "train" or r.get("eval") for r in records):
+        raise ValueError(
+            f"{path} has nothing to plot: it needs training records "
+            '({"split": "train", "step": ..., "train/<metric>": ...}) or validation records '
+            '({"split": "val", "step": ..., "eval": [...]}); has the run logged its first step?'
+        )
+    for record in records:
         if record["split"] == "train":
             for key, value in record.items():
                 if key.startswith("train/"):
@@ -84,8 +104,12 @@ def plot(run_dirs: list[Path], out: Path, metrics: list[str] | None = None) -> N
             ax_val.fill_between(steps, low, high, color=line.get_color(), alpha=0.2)
     ax_train.set(title="training", xlabel="meta-step", yscale=axis_scale(train_values))
     ax_val.set(title="validation (mean, 95% CI)", xlabel="meta-step", yscale=axis_scale(val_values))
-    for ax in (ax_train, ax_val):
-        ax.legend(fontsize=7)
+    for ax, records in ((ax_train, "training"), (ax_val, "validation")):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+        else:  # e.g. a run before its first validation
+            print(f"note: no {records} records to plot; that panel is empty", file=sys.stderr)
+            ax.text(0.5, 0.5, f"no {records} records", ha="center", transform=ax.transAxes)
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=120)

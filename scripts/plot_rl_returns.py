@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -23,19 +24,50 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+
+from metalearn.config import check_writable_file  # noqa: E402
 
 METRIC = "return"
 
 
-def read_returns(run: Path) -> list[tuple[int, float, float]]:
-    """``[(inner steps, mean return, ci95)]`` from ``run/eval.json`` (or the file ``run``)."""
+def read_returns(run: Path) -> list[tuple[int, float | None, float | None]]:
+    """``[(inner steps, mean return, ci95)]`` from ``run/eval.json`` (or the file ``run``).
+
+    The mean is ``None`` where every task was non-finite, the ci95 where it is unknown (fewer
+    than two finite tasks).
+    """
     path = run if run.is_file() else run / "eval.json"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: is {run} a finished metalearn run?")
-    records = [r for r in json.loads(path.read_text()) if r["metric"] == METRIC]
+    try:
+        records = json.loads(path.read_text())
+        if not isinstance(records, list):
+            kind = {dict: "object", str: "string"}.get(type(records), "scalar")
+            raise ValueError(f"a JSON {kind}, not a list")
+        if not all(
+            isinstance(r, dict) and {"metric", "steps", "mean"} <= r.keys() for r in records
+        ):
+            raise ValueError("a record without metric, steps and mean")
+    except (OSError, ValueError) as err:  # json.JSONDecodeError is a ValueError
+        raise ValueError(
+            f"{path} is not an eval.json list of records ({str(err).splitlines()[0]}); give a "
+            "run directory or a file written by python -m metalearn.evaluate RUN --out FILE"
+        ) from None
+    records = [r for r in records if r["metric"] == METRIC]
     if not records:
         raise ValueError(f"{path} has no '{METRIC}' records: not an RL run")
-    return sorted((r["steps"], r["mean"], r["ci95"] or 0.0) for r in records)
+    return sorted((r["steps"], r["mean"], r.get("ci95")) for r in records)
+
+
+def check_out(out: Path) -> None:
+    """Raise ValueError (one line) unless matplotlib can write ``out``: before any plotting."""
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    suffix = out.suffix[1:].lower()
+    if suffix and suffix not in formats and not out.is_dir():
+        known = ", ".join(f".{f}" for f in sorted(formats))
+        raise ValueError(f"--out {out}: cannot write '.{out.suffix[1:]}' files; use one of {known}")
+    check_writable_file(out, "--out", "returns.png")
 
 
 def default_label(run: Path) -> str:
@@ -48,27 +80,40 @@ def default_label(run: Path) -> str:
     return f"{name} ({run.stem})" if run.is_file() else name
 
 
-def markdown_table(rows: dict[str, list[tuple[int, float, float]]]) -> str:
-    """One row per run, one column per step count: ``mean ± ci95``.
+def markdown_table(rows: dict[str, list[tuple[int, float | None, float | None]]]) -> str:
+    """One row per run, one column per step count: ``mean ± ci95``, ``± n/a`` where the interval
+    is unknown (one task), ``non-finite`` where every task was.
 
-    >>> print(markdown_table({"MAML": [(0, -40.0, 2.0), (1, -12.5, 1.0)]}))
-    | policy | 0 steps | 1 step |
-    | --- | --- | --- |
-    | MAML | -40.00 ± 2.00 | -12.50 ± 1.00 |
+    >>> print(markdown_table({"MAML": [(0, -40.0, 2.0), (1, -12.5, None), (2, None, None)]}))
+    | policy | 0 steps | 1 step | 2 steps |
+    | --- | --- | --- | --- |
+    | MAML | -40.00 ± 2.00 | -12.50 ± n/a | non-finite |
     """
     steps = sorted({s for points in rows.values() for s, _, _ in points})
     head = ["policy"] + [f"{s} step{'s' * (s != 1)}" for s in steps]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for label, points in rows.items():
-        cells = {s: f"{m:.2f} ± {c:.2f}" for s, m, c in points}
+        cells = {s: _cell(m, c) for s, m, c in points}
         lines.append("| " + " | ".join([label] + [cells.get(s, "") for s in steps]) + " |")
     return "\n".join(lines)
 
 
-def plot(rows: dict[str, list[tuple[int, float, float]]], out: Path, title: str) -> None:
+def _cell(mean: float | None, ci95: float | None) -> str:
+    if mean is None:
+        return "non-finite"
+    return f"{mean:.2f} ± {'n/a' if ci95 is None else f'{ci95:.2f}'}"
+
+
+def plot(
+    rows: dict[str, list[tuple[int, float | None, float | None]]], out: Path, title: str
+) -> None:
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for label, points in rows.items():
-        steps, means, cis = zip(*points, strict=True)
+        # A non-finite mean is a gap in the line; an unknown interval gets no error bar.
+        shown = [
+            (s, math.nan if m is None else m, math.nan if c is None else c) for s, m, c in points
+        ]
+        steps, means, cis = zip(*shown, strict=True)
         ax.errorbar(steps, means, yerr=cis, marker="o", capsize=3, label=label)
     all_steps = sorted({s for points in rows.values() for s, _, _ in points})
     ax.set(xlabel="number of gradient steps", ylabel="average return", title=title)
@@ -92,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.labels and len(args.labels) != len(args.runs):
             raise ValueError(f"{len(args.labels)} --labels for {len(args.runs)} run directories")
+        check_out(args.out)
         labels = args.labels or [default_label(r) for r in args.runs]
         rows = {label: read_returns(run) for label, run in zip(labels, args.runs, strict=True)}
     except (FileNotFoundError, ValueError) as err:

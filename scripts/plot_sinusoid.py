@@ -21,12 +21,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from metalearn.algorithms.base import context  # noqa: E402
-from metalearn.config import to_objects  # noqa: E402
+from metalearn.config import check_writable_file, to_objects  # noqa: E402
 from metalearn.data.sinusoid import sample_sinusoid_task  # noqa: E402
 from metalearn.runner.loop import load_for_evaluation  # noqa: E402
 
 
 def plot(run_dir: Path, shots: int, seed: int, steps: list[int], out: Path) -> None:
+    if not (run_dir / "config.yaml").is_file():
+        raise FileNotFoundError(f"{run_dir} has no config.yaml: is it a metalearn run directory?")
     cfg = to_objects(OmegaConf.load(run_dir / "config.yaml"))
     if cfg.data.name != "sinusoid":
         raise ValueError(f"{run_dir} is a {cfg.data.name} run, not a sinusoid one")
@@ -85,6 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("sinusoid.png"))
     args = parser.parse_args(argv)
     try:
+        if args.shots < 1:
+            raise ValueError(f"--shots must be >= 1 (support points), got {args.shots}")
+        if min(args.steps) < 1:
+            raise ValueError(
+                f"--steps must be two integers >= 1, got {' '.join(map(str, args.steps))}"
+            )
+        check_writable_file(args.out, "--out", "sinusoid.png")  # before loading the model
         plot(args.run_dir, args.shots, args.seed, args.steps, args.out)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

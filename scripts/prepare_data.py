@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 from metalearn.data.cifar_builder import CifarFs, Fc100
 from metalearn.data.fewshot_builder import load_split_arrays
@@ -34,6 +35,10 @@ BUILDERS = {
 }
 USAGE = "python scripts/prepare_data.py data=NAME[,NAME] [data.manual_dir=DIR] [data.data_dir=DIR]"
 KEYS = ("data", "data.manual_dir", "data.data_dir")
+DIRECTORIES = {
+    "data.manual_dir": "give the directory that holds the downloaded files",
+    "data.data_dir": "give a directory for the prepared datasets (created if missing)",
+}
 
 
 def parse_args(argv: list[str]) -> dict[str, str]:
@@ -54,6 +59,12 @@ def parse_args(argv: list[str]) -> dict[str, str]:
         settings[key] = value
     if not settings.get("data"):
         raise ValueError(f"name the dataset(s) with data=; usage: {USAGE}")
+    for key, advice in DIRECTORIES.items():
+        path = Path(settings.get(key) or ".").expanduser()
+        existing = next(p for p in (path, *path.parents) if p.exists())  # "/" always does
+        if not existing.is_dir():
+            where = "" if existing == path else f": {existing}"
+            raise ValueError(f"{key}={settings[key]}{where} is a file, not a directory; {advice}")
     unknown = [n for n in settings["data"].split(",") if n not in BUILDERS]
     if unknown:
         known = ", ".join(BUILDERS)

@@ -242,7 +242,7 @@ def test_evaluate_reads_a_config_saved_before_keys_were_renamed(run_config_dir, 
 @pytest.mark.parametrize(
     "args, fragments",
     [
-        (["--out", "/nonexistent/x.json"], ["cannot write /nonexistent/x.json", "create it"]),
+        (["--out", "/nonexistent/x.json"], ["--out /nonexistent/x.json: /nonexistent does"]),
         (["--out", "."], ["--out . is a directory"]),
         (["--which", "bset"], ["invalid choice: 'bset'", "usage: python -m metalearn.evaluate"]),
         (["--num-steps", "3"], ["unrecognized arguments: --num-steps 3", "usage:"]),

@@ -4,11 +4,12 @@ import json
 import subprocess
 import sys
 
+import pytest
 from omegaconf import OmegaConf
 
 from metalearn.config import to_objects
 from metalearn.runner.loop import train_and_evaluate
-from tests.cli import REPO, checkout_env, run_script
+from tests.cli import REPO, checkout_env, error_line, run_script
 from tests.conftest import compose_config
 
 
@@ -105,3 +106,136 @@ def test_rl_training_curves_on_a_linear_axis_and_a_named_metric(tmp_path):
     bad = run_script("plot_learning_curves.py", str(run), "--metrics", "reward")
     assert bad.returncode == 2 and bad.stderr.startswith("error: ")
     assert "no training metric reward" in bad.stderr and "post_return" in bad.stderr
+
+
+def _eval_record(steps, mean, ci95, tasks=40):
+    """One record as `python -m metalearn.evaluate --out FILE` writes it (mean None: all tasks
+    non-finite; ci95 None: fewer than two finite tasks)."""
+    nonfinite = tasks if mean is None else 0
+    return {
+        "metric": "return",
+        "shots": 1,
+        "steps": steps,
+        "mean": mean,
+        "ci95": ci95,
+        "median": mean,
+        "median_ci95": [None, None] if ci95 is None else [mean - ci95, mean + ci95],
+        "nonfinite": nonfinite,
+        "diverged": nonfinite,
+        "tasks": tasks,
+        "change": None,
+        "change_ci95": None,
+        "checkpoint": "best",
+        "checkpoint_step": 10,
+    }
+
+
+def test_rl_returns_with_a_non_finite_mean_and_an_unknown_interval(tmp_path):
+    """A point whose every task is non-finite (mean null) is left out of the plot and shown as
+    non-finite in the table; an unknown interval (ci95 null, e.g. one task) is not shown as 0."""
+    records = [
+        _eval_record(0, -40.0, 2.0),
+        _eval_record(1, None, None),
+        _eval_record(2, -10.0, None, tasks=1),
+    ]
+    (tmp_path / "eval_best.json").write_text(json.dumps(records, indent=2))
+    one_task = tmp_path / "one_task.json"
+    one_task.write_text(json.dumps([_eval_record(0, -50.0, None, tasks=1)]))
+    out = tmp_path / "returns.png"
+    result = run_script(
+        "plot_rl_returns.py",
+        str(tmp_path / "eval_best.json"),
+        str(one_task),
+        *["--labels", "MAML", "one", "--out", str(out), "--table"],
+    )
+    assert result.returncode == 0, result.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| MAML | -40.00 ± 2.00 | non-finite | -10.00 ± n/a |" in result.stdout
+    assert "| one | -50.00 ± n/a |  |  |" in result.stdout
+    assert "± 0.00" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    "text", ['{"a": 1}', "", "not json", "[1, 2]", '[{"metric": "return"}]', '"return"']
+)
+def test_rl_returns_refuses_a_file_that_is_not_a_list_of_records(tmp_path, text):
+    path = tmp_path / "eval.json"
+    path.write_text(text)
+    result = run_script("plot_rl_returns.py", str(path), "--out", str(tmp_path / "r.png"))
+    error_line(result, str(path), "not an eval.json list of records")
+    result = run_script("plot_rl_returns.py", str(tmp_path), "--out", str(tmp_path / "r.png"))
+    error_line(result, str(path), "not an eval.json list of records")
+
+
+def test_rl_returns_checks_out_before_plotting(tmp_path):
+    run = _rl_run(tmp_path / "a", "rl_nav2d_maml", [-40.0, -12.0])
+    for out, fragments in [
+        ("/nonexistent/x.png", ["/nonexistent/x.png", "/nonexistent does not exist"]),
+        (str(tmp_path / "x.txt"), ["x.txt", "'.txt'", ".png"]),
+        (str(tmp_path), [str(tmp_path), "is a directory"]),
+    ]:
+        result = run_script("plot_rl_returns.py", str(run), "--out", out, "--table")
+        error_line(result, "--out", *fragments)
+    assert not (tmp_path / "x.txt").exists()
+    result = run_script("plot_rl_returns.py", str(run), "--out", str(tmp_path / "r.pdf"))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "r.pdf").read_bytes()[:4] == b"%PDF"
+
+
+def _metrics_lines():
+    train = [{"split": "train", "step": s, "train/loss": 1.0 / s} for s in (1, 2, 3)]
+    val = {
+        "split": "val",
+        "step": 3,
+        "eval": [{"metric": "mse", "shots": 5, "steps": 1, "mean": 0.5, "ci95": 0.1}],
+    }
+    return [json.dumps(x) for x in [*train, val]]
+
+
+def test_learning_curves_skip_a_half_written_last_line(tmp_path):
+    """A run killed (or still running) mid-write leaves a partial last line: skipped, noted."""
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = _metrics_lines()
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n" + lines[-1][:25])
+    out = tmp_path / "curves.png"
+    result = run_script("plot_learning_curves.py", str(run), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"note: {run / 'metrics.jsonl'}: skipped its unreadable last line 5" in result.stderr
+    # Elsewhere an unreadable line is damage: one error line with the file and line number.
+    lines.insert(1, lines[1][:25])
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    result = run_script("plot_learning_curves.py", str(run), "--out", str(out))
+    error_line(result, f"{run / 'metrics.jsonl'}, line 2", "unreadable")
+
+
+def test_learning_curves_with_nothing_to_plot(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("")
+    out = tmp_path / "curves.png"
+    result = run_script("plot_learning_curves.py", str(run), "--out", str(out))
+    error_line(result, str(run / "metrics.jsonl"), "nothing to plot", '"split": "train"')
+    assert not out.exists()
+    # Training records only (before the first validation): the training panel, no warning.
+    (run / "metrics.jsonl").write_text("\n".join(_metrics_lines()[:3]) + "\n")
+    result = run_script("plot_learning_curves.py", str(run), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "Warning" not in result.stderr and "no validation records" in result.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "flags, fragments",
+    [
+        (["--shots", "0"], ["--shots", ">= 1", "got 0"]),
+        (["--shots", "-3"], ["--shots", ">= 1", "got -3"]),
+        (["--steps", "-1", "5"], ["--steps", ">= 1", "got -1 5"]),
+        ([], ["has no config.yaml", "metalearn run directory"]),
+    ],
+)
+def test_plot_sinusoid_refuses_bad_flags_and_a_missing_run(tmp_path, flags, fragments):
+    run = tmp_path / "nowhere"
+    result = run_script("plot_sinusoid.py", str(run), *flags, "--out", str(tmp_path / "s.png"))
+    error_line(result, *fragments)

@@ -1,0 +1,58 @@
+"""scripts/collect_sweep.py: a table of a sweep's runs; bad input is one error: line, exit 2."""
+
+import json
+
+from tests.cli import error_line, run_script
+
+
+def _run(sweep, name, overrides, mean=0.5):
+    """A finished sweep job as Hydra and `metalearn.train` leave it (overrides, eval.json)."""
+    run = sweep / name
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text(overrides)
+    record = {"metric": "mse", "shots": 5, "steps": 1, "mean": mean, "ci95": 0.1, "tasks": 10}
+    (run / "eval.json").write_text(json.dumps([record]))
+    return run
+
+
+def test_csv_is_checked_before_collecting(tmp_path):
+    _run(tmp_path / "sweep", "0_lr", "- optimizer.lr=0.1\n")
+    for csv, fragments in [
+        ("/nonexistent/x.csv", ["--csv /nonexistent/x.csv", "/nonexistent does not exist"]),
+        (str(tmp_path), [f"--csv {tmp_path}", "is a directory"]),
+    ]:
+        result = run_script("collect_sweep.py", str(tmp_path / "sweep"), "--csv", csv)
+        error_line(result, *fragments)
+        assert result.stdout == ""
+    result = run_script(
+        "collect_sweep.py", str(tmp_path / "sweep"), "--csv", str(tmp_path / "t.csv")
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "t.csv").read_text().startswith("run,optimizer.lr,metric")
+
+
+def test_a_run_with_corrupt_overrides_is_listed_and_the_rest_tabulated(tmp_path):
+    sweep = tmp_path / "sweep"
+    _run(sweep, "0_lr=0.1", "- optimizer.lr=0.1\n", mean=0.25)
+    bad = _run(sweep, "1_lr=0.2", "- optimizer.lr=0.2\n- [unclosed\n")
+    not_a_list = _run(sweep, "2_lr=0.3", "optimizer.lr: 0.3\n")
+    result = run_script("collect_sweep.py", str(sweep))
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert any(
+        line.startswith("0_lr=0.1") and "0.2500" in line for line in result.stdout.splitlines()
+    )
+    assert f"{bad}: unreadable .hydra/overrides.yaml (" in result.stdout
+    assert f"{not_a_list}: unreadable .hydra/overrides.yaml (not a list of overrides)" in (
+        result.stdout
+    )
+
+
+def test_a_directory_without_runs_is_one_error_line(tmp_path):
+    result = run_script("collect_sweep.py", str(tmp_path))
+    error_line(result, f"no run directories (with .hydra/) under {tmp_path}")
+    # Runs, none with a readable eval.json: each listed, then one error line, exit 2.
+    (tmp_path / "0_x" / ".hydra").mkdir(parents=True)
+    result = run_script("collect_sweep.py", str(tmp_path))
+    error_line(result, f"no readable run under {tmp_path}: each is listed above")
+    assert f"{tmp_path / '0_x'}: unfinished (no eval.json)" in result.stderr
