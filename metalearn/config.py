@@ -128,6 +128,8 @@ def register_configs() -> None:
     """
     if not OmegaConf.has_resolver("metalearn_run_name"):
         OmegaConf.register_new_resolver("metalearn_run_name", _run_name_from_hydra)
+    if not OmegaConf.has_resolver("metalearn_glob_free"):
+        OmegaConf.register_new_resolver("metalearn_glob_free", glob_free)
     store = ConfigStore.instance()
     store.store(name="base_config", node=Config)
     for group, registry in GROUPS.items():
@@ -147,6 +149,22 @@ def _has_yaml(group: str, name: str) -> bool:
     (True, False)
     """
     return importlib.resources.files("metalearn.conf").joinpath(group, f"{name}.yaml").is_file()
+
+
+GLOB_CHARACTERS = "[]*?"
+
+
+def glob_free(text: str) -> str:
+    """``text`` with glob's special characters replaced, for a sweep job's directory name.
+
+    Orbax finds the pieces of a checkpoint it saves with ``glob`` on the save path, so under a
+    directory named e.g. ``eval.steps=[0,1]`` it skips merging them and the checkpoint cannot
+    be restored. Used by ``hydra.sweep.subdir`` (conf/config.yaml).
+
+    >>> glob_free("eval.steps=[0,1],seed=2")
+    'eval.steps=(0,1),seed=2'
+    """
+    return text.translate(str.maketrans({"[": "(", "]": ")", "*": "_", "?": "_"}))
 
 
 def run_name(name: str, overrides: Sequence[str]) -> str:
@@ -404,6 +422,12 @@ def exit_on_renamed_keys(argv: list[str]) -> None:
 
 def check_writable(directory: str) -> None:
     """Fail early, with the path in the message, if outputs cannot be written there."""
+    if any(c in directory for c in GLOB_CHARACTERS):
+        raise ValueError(
+            f"output directory {directory!r} contains one of {GLOB_CHARACTERS}: checkpoints "
+            "saved under it cannot be restored (orbax finds their pieces with glob); choose "
+            "another hydra.run.dir or hydra.sweep.dir"
+        )
     try:
         os.makedirs(directory, exist_ok=True)
         probe = os.path.join(directory, ".write_test")

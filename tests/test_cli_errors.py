@@ -273,3 +273,12 @@ def test_an_rl_nan_names_the_settings_trpo_uses(tmp_path):
     result = run_cli(*RL_TINY, "algorithm.inner_lr=1e30", f"hydra.run.dir={tmp_path}")
     line = error_line(result, "non-finite", "lower algorithm.inner_lr or algorithm.max_kl (TRPO)")
     assert "optimizer" not in line
+
+
+def test_a_run_directory_with_glob_characters_is_refused(tmp_path):
+    # Orbax globs for a checkpoint's pieces when it saves: under "x[1]" it skipped merging them
+    # and the checkpoint could not be restored (it was then moved aside as damaged). Sweep job
+    # directories replace those characters (eval.steps=[0,1] -> eval.steps=(0,1)).
+    result = run_cli(*TINY, f"hydra.run.dir='{tmp_path}/x[1]'")
+    error_line(result, "contains one of []*?", "cannot be restored", "hydra.run.dir")
+    assert not (tmp_path / "x[1]").exists()

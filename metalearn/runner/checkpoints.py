@@ -71,6 +71,14 @@ class CheckpointMismatchError(ValueError):
     """An intact checkpoint whose parameters do not fit the config's (shape or structure)."""
 
 
+# Orbax's words for a restore template that does not fit the saved tree (not a damaged file).
+MISMATCH_MARKERS = ("tree structures do not match", "not compatible with the stored shape")
+
+
+def _is_mismatch(message: str) -> bool:
+    return any(marker in message for marker in MISMATCH_MARKERS)
+
+
 def verify(directory: str, required: bool = True) -> str | None:
     """None if every file listed in the manifest is there unchanged, else what is wrong.
 
@@ -208,7 +216,9 @@ class CheckpointStore:
                         result = self.restore(template, step)
                 except RuntimeError as err:
                     problem = str(err.__cause__ or err).splitlines()[0][:200]
-                    if os.path.exists(os.path.join(self.step_dir(step), MANIFEST)):
+                    if _is_mismatch(str(err.__cause__ or err)) and os.path.exists(
+                        os.path.join(self.step_dir(step), MANIFEST)
+                    ):
                         # Every file verified, so the files are fine: the config asks for
                         # parameters of another shape or structure. Nothing is moved.
                         raise CheckpointMismatchError(
