@@ -23,6 +23,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from metalearn.config import check_writable_file  # noqa: E402
+
 
 def read_metrics(run_dir: Path) -> tuple[dict[str, list], dict[tuple, list]]:
     """Training series ``{metric: [(step, value)]}`` and validation series by (metric, steps)."""
@@ -37,6 +39,8 @@ def read_metrics(run_dir: Path) -> tuple[dict[str, list], dict[tuple, list]]:
             record = json.loads(line)
             if not isinstance(record, dict):
                 raise ValueError(f"a JSON {type(record).__name__}, not a record")
+            if "split" not in record or "step" not in record:
+                raise ValueError("a record without 'split' and 'step'")
             records.append(record)
         except ValueError as err:  # json.JSONDecodeError is a ValueError
             if number < len(lines):
@@ -57,8 +61,8 @@ def read_metrics(run_dir: Path) -> tuple[dict[str, list], dict[tuple, list]]:
                 if key.startswith("train/"):
                     train[key[len("train/") :]].append((record["step"], value))
         else:
-            for entry in record["eval"]:
-                if entry["mean"] is not None:
+            for entry in record.get("eval", []):
+                if entry.get("mean") is not None:
                     key = (entry["metric"], entry["shots"], entry["steps"])
                     val[key].append((record["step"], entry["mean"], entry["ci95"] or 0.0))
     return train, val
@@ -125,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     metrics = [m for m in args.metrics.split(",") if m] if args.metrics else None
     try:
+        check_writable_file(args.out, "--out", "learning_curves.png")  # before reading runs
         plot(args.run_dirs, args.out, metrics)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

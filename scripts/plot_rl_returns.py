@@ -14,6 +14,7 @@ prints the numbers as a Markdown table. Labels default to each run's experiment 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -72,11 +73,11 @@ def check_out(out: Path) -> None:
 
 def default_label(run: Path) -> str:
     """The run's experiment name; for an evaluation file, its run's name and the file's stem."""
-    run_dir = run.parent if run.is_file() else run
-    config = run_dir / "config.yaml"
+    run_dir = (run.parent if run.is_file() else run).resolve()
     name = run_dir.name
-    if config.exists():
-        name = str(yaml.safe_load(config.read_text()).get("name", run_dir.name))
+    # Without a readable config.yaml (or one that is not a mapping) the directory's name will do.
+    with contextlib.suppress(OSError, yaml.YAMLError, AttributeError):
+        name = str(yaml.safe_load((run_dir / "config.yaml").read_text()).get("name", name))
     return f"{name} ({run.stem})" if run.is_file() else name
 
 

@@ -239,3 +239,30 @@ def test_plot_sinusoid_refuses_bad_flags_and_a_missing_run(tmp_path, flags, frag
     run = tmp_path / "nowhere"
     result = run_script("plot_sinusoid.py", str(run), *flags, "--out", str(tmp_path / "s.png"))
     error_line(result, *fragments)
+
+
+def test_learning_curves_refuse_a_record_without_split_and_check_out_first(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = _metrics_lines()
+    lines.insert(1, json.dumps({"step": 3, "train/loss": 1.0}))  # a KeyError traceback before
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    result = run_script("plot_learning_curves.py", str(run), "--out", str(tmp_path / "c.png"))
+    error_line(result, f"{run / 'metrics.jsonl'}, line 2", "without 'split' and 'step'")
+    result = run_script("plot_learning_curves.py", str(run), "--out", "/nonexistent/c.png")
+    error_line(result, "--out /nonexistent/c.png: /nonexistent does not exist")
+
+
+def test_rl_returns_label_without_a_readable_config(tmp_path):
+    # A corrupt config.yaml beside an evaluation file ended the default label in a yaml
+    # traceback; a file named in the current directory got the label " (stem)".
+    run = tmp_path / "myrun"
+    run.mkdir()
+    (run / "eval_best.json").write_text(json.dumps([_eval_record(0, -40.0, 2.0)]))
+    (run / "config.yaml").write_text("name: [unclosed\n")
+    out = tmp_path / "r.png"
+    result = run_script(
+        "plot_rl_returns.py", str(run / "eval_best.json"), "--out", str(out), "--table"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "| myrun (eval_best) |" in result.stdout
