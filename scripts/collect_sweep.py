@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             check_writable_file(args.csv, "--csv", "sweep.csv")
         except ValueError as err:  # before collecting, not after printing the table
-            print(f"error: --csv {err}", file=sys.stderr)
+            print(f"error: {err}", file=sys.stderr)
             return 2
     rows, missing = collect(args.sweep_dir)
     if not rows:

@@ -18,8 +18,8 @@ def _run(sweep, name, overrides, mean=0.5):
 def test_csv_is_checked_before_collecting(tmp_path):
     _run(tmp_path / "sweep", "0_lr", "- optimizer.lr=0.1\n")
     for csv, fragments in [
-        ("/nonexistent/x.csv", ["--csv /nonexistent/x.csv", "/nonexistent does not exist"]),
-        (str(tmp_path), [f"--csv {tmp_path}", "is a directory"]),
+        ("/nonexistent/x.csv", ["error: --csv /nonexistent/x.csv:", "/nonexistent does not exist"]),
+        (str(tmp_path), [f"error: --csv {tmp_path} is a directory"]),
     ]:
         result = run_script("collect_sweep.py", str(tmp_path / "sweep"), "--csv", csv)
         error_line(result, *fragments)
