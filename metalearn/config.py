@@ -151,7 +151,9 @@ def _has_yaml(group: str, name: str) -> bool:
     return importlib.resources.files("metalearn.conf").joinpath(group, f"{name}.yaml").is_file()
 
 
-GLOB_CHARACTERS = "[]*?"
+# What each of glob's special characters becomes in a sweep job's directory name.
+GLOB_REPLACEMENTS = {"[": "(", "]": ")", "*": "_", "?": "_"}
+GLOB_CHARACTERS = "".join(GLOB_REPLACEMENTS)
 
 
 def glob_free(text: str) -> str:
@@ -164,7 +166,7 @@ def glob_free(text: str) -> str:
     >>> glob_free("eval.steps=[0,1],seed=2")
     'eval.steps=(0,1),seed=2'
     """
-    return text.translate(str.maketrans({"[": "(", "]": ")", "*": "_", "?": "_"}))
+    return text.translate(str.maketrans(GLOB_REPLACEMENTS))
 
 
 def run_name(name: str, overrides: Sequence[str]) -> str:

@@ -24,7 +24,6 @@ SCHEMA_SUFFIX = "_schema"  # ConfigStore entries that hold a group's schema, not
 def unknown_key_message(full_key: str, schema: type) -> str:
     """Say that ``full_key`` is not a field of ``schema``, with the closest field and the list.
 
-    >>> from metalearn.config import EvalConfig
     >>> from metalearn.config import DistributedConfig
     >>> print(unknown_key_message("distributed.enable", DistributedConfig))  # doctest: +ELLIPSIS
     distributed.enable is not a setting of distributed (DistributedConfig: enabled, ...); did

@@ -215,8 +215,9 @@ class CheckpointStore:
                     with _quiet_unraisable():  # orbax's abandoned readers, on a bad checkpoint
                         result = self.restore(template, step)
                 except RuntimeError as err:
-                    problem = str(err.__cause__ or err).splitlines()[0][:200]
-                    if _is_mismatch(str(err.__cause__ or err)) and os.path.exists(
+                    reason = str(err.__cause__ or err)
+                    problem = reason.splitlines()[0][:200]
+                    if _is_mismatch(reason) and os.path.exists(
                         os.path.join(self.step_dir(step), MANIFEST)
                     ):
                         # Every file verified, so the files are fine: the config asks for
