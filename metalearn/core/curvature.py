@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.flatten_util import ravel_pytree
 
 PyTree = Any
@@ -115,9 +116,10 @@ def lanczos_eigenvalues(
 ) -> jax.Array:
     """Ritz values (ascending) of symmetric ``A`` from ``num_iters`` Lanczos steps on flat vectors.
 
-    Uses full reorthogonalisation, so it is stable for the small ``num_iters`` (tens) that
-    curvature diagnostics need. The extreme Ritz values converge first to the extreme
-    eigenvalues of ``A``.
+    ``v0`` is the start vector (nonzero and finite; any direction not orthogonal to the
+    eigenvectors sought). Uses full reorthogonalisation, so it is stable for the small
+    ``num_iters`` (tens) that curvature diagnostics need. The extreme Ritz values converge
+    first to the extreme eigenvalues of ``A``.
 
     >>> import jax, jax.numpy as jnp
     >>> A = jnp.diag(jnp.array([1.0, 2.0, 5.0]))
@@ -126,6 +128,10 @@ def lanczos_eigenvalues(
     """
     if isinstance(num_iters, bool) or not isinstance(num_iters, int) or num_iters < 1:
         raise ValueError(f"num_iters must be an integer >= 1, got {num_iters!r}")
+    if not isinstance(v0, jax.core.Tracer):  # under jit a zero v0 gives NaN: it cannot be checked
+        norm = float(np.linalg.norm(np.asarray(v0)))
+        if not (np.isfinite(norm) and norm > 0):
+            raise ValueError(f"v0 must be a finite, nonzero start vector, got norm {norm}")
     n = v0.shape[0]
     num_iters = min(num_iters, n)
     basis = jnp.zeros((num_iters, n), v0.dtype)

@@ -20,6 +20,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 PyTree = Any
@@ -29,6 +30,16 @@ LossFn = Callable[[PyTree, PyTree], jax.Array]
 def _check_num_steps(num_steps: int) -> None:
     if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 1:
         raise ValueError(f"num_steps must be an integer >= 1, got {num_steps!r}")
+
+
+def _check_finite_rate(inner_lr: float | PyTree | None) -> None:
+    """Refuse a NaN or infinite ``inner_lr`` given as a number or a concrete array (a traced one,
+    e.g. Meta-SGD's learned rates under ``jit``, cannot be checked and is not)."""
+    for leaf in jax.tree_util.tree_leaves(inner_lr):
+        if isinstance(leaf, jax.core.Tracer):
+            continue
+        if not np.all(np.isfinite(np.asarray(leaf))):  # numpy: jnp would trace under jit
+            raise ValueError(f"inner_lr must be finite, got {leaf!r}")
 
 
 def _sgd_update(params: PyTree, grads: PyTree, inner_lr: float | PyTree) -> PyTree:
@@ -114,6 +125,7 @@ def _run_inner_loop(
         raise ValueError(
             "pass exactly one of inner_lr (plain SGD) or optimizer (an optax transform)"
         )
+    _check_finite_rate(inner_lr)
     step = _inner_step_fn(loss_fn, support, inner_lr, optimizer, first_order)
     if remat:
         step = jax.checkpoint(step)
@@ -146,7 +158,8 @@ def adapt(
     With ``inner_lr`` each step is plain SGD, ``params - inner_lr * grad``; ``inner_lr`` is a
     scalar or a pytree shaped like ``params`` (per-parameter rates, as in Meta-SGD). With
     ``optimizer`` (any optax ``GradientTransformation``, e.g. :func:`inner_adam`) each step
-    applies its update instead. Exactly one of the two is given.
+    applies its update instead. Exactly one of the two is given. A rate given as a number or a
+    concrete array must be finite (ValueError); a negative one is taken as it is, an ascent step.
 
     ``first_order=True`` stops gradients through the inner gradients (first-order MAML).
     ``unroll`` is ``lax.scan``'s (default: ``True``, or ``1`` with ``remat=True``); ``remat``

@@ -142,3 +142,10 @@ def test_lanczos_refuses_a_step_count_below_one(num_iters):
         top_hessian_eigenvalue(
             lambda p: jnp.sum(p**2), jnp.ones(3), jax.random.key(0), num_iters=num_iters
         )
+
+
+@pytest.mark.parametrize("v0", [jnp.zeros(3), jnp.array([1.0, jnp.nan, 0.0])])
+def test_lanczos_refuses_a_start_vector_it_cannot_normalise(v0):
+    # It returned NaN Ritz values: v0 / |v0| is 0 / 0 or carries the NaN.
+    with pytest.raises(ValueError, match="v0 must be a finite, nonzero start vector"):
+        lanczos_eigenvalues(lambda v: 2 * v, v0, 2)

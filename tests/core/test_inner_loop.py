@@ -133,6 +133,22 @@ def test_num_steps_must_be_positive_integer(bad_steps):
         adapt(mlp_loss, params, support, inner_lr=0.1, num_steps=bad_steps)
 
 
+@pytest.mark.parametrize("bad_rate", [float("nan"), float("inf"), jnp.array(jnp.nan)])
+def test_a_non_finite_rate_is_refused(bad_rate):
+    # Accepted before: every adapted parameter came back NaN.
+    params, support, _ = small_mlp_problem()
+    with pytest.raises(ValueError, match="inner_lr must be finite"):
+        adapt(mlp_loss, params, support, inner_lr=bad_rate)
+    per_parameter = jax.tree.map(lambda p: jnp.full(p.shape, bad_rate), params)
+    with pytest.raises(ValueError, match="inner_lr must be finite"):
+        maml_loss(mlp_loss, params, support, support, inner_lr=per_parameter)
+
+
+def test_a_negative_rate_is_an_ascent_step():
+    loss = lambda w, b: 0.5 * jnp.sum((w - b) ** 2)  # noqa: E731
+    assert float(adapt(loss, jnp.array(0.0), jnp.array(1.0), inner_lr=-0.5)) == -0.5
+
+
 def test_exactly_one_of_rate_and_optimizer():
     params, support, _ = small_mlp_problem()
     with pytest.raises(ValueError, match="exactly one"):
