@@ -6,7 +6,7 @@ Each run directory's overrides (from ``.hydra/overrides.yaml``) become columns, 
 evaluation record (metric, ways, shots, steps, mean, ci95, median, diverged, nonfinite, tasks).
 Run directories without a readable ``eval.json`` (unfinished, failed or damaged runs) are listed
 at the end with the reason (the job's ``status.json`` message when it failed), not silently
-dropped.
+dropped; so are runs tabulated without their overrides (no ``.hydra/overrides.yaml``).
 """
 
 from __future__ import annotations
@@ -38,10 +38,11 @@ RECORD_COLUMNS = [
 NOT_SHOWN = {"run", "median_ci95", "change_ci95"}  # these intervals stay in eval.json
 
 
-def run_overrides(run_dir: Path) -> dict[str, str]:
+def run_overrides(run_dir: Path) -> dict[str, str] | None:
+    """The run's overrides by key, or None when it has no ``.hydra/overrides.yaml``."""
     path = run_dir / ".hydra" / "overrides.yaml"
     if not path.exists():
-        return {}
+        return None
     items = yaml.safe_load(path.read_text()) or []
     if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
         raise ValueError("not a list of overrides")
@@ -70,9 +71,10 @@ def read_records(run_dir: Path) -> tuple[list[dict], str]:
     return records, ""
 
 
-def collect(sweep_dir: Path) -> tuple[list[dict], list[tuple[Path, str]]]:
-    """Rows of every readable run, and ``(run_dir, reason)`` for every other one."""
-    rows, missing = [], []
+def collect(sweep_dir: Path) -> tuple[list[dict], list[tuple[Path, str]], list[Path]]:
+    """Rows of every readable run, ``(run_dir, reason)`` for every other one, and the runs
+    tabulated without their overrides (no ``.hydra/overrides.yaml``)."""
+    rows, missing, unlabelled = [], [], []
     run_dirs = sorted({p.parent for p in sweep_dir.rglob(".hydra")})
     for run_dir in run_dirs:
         records, reason = read_records(run_dir)
@@ -86,8 +88,10 @@ def collect(sweep_dir: Path) -> tuple[list[dict], list[tuple[Path, str]]]:
             reason = f"{err.problem}, line {mark.line + 1}" if mark else str(err)
             missing.append((run_dir, f"unreadable .hydra/overrides.yaml ({reason})"))
             continue
-        rows.extend({"run": run_dir.name, **overrides, **record} for record in records)
-    return rows, missing
+        if overrides is None:
+            unlabelled.append(run_dir)
+        rows.extend({"run": run_dir.name, **(overrides or {}), **record} for record in records)
+    return rows, missing, unlabelled
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:  # before collecting, not after printing the table
             print(f"error: {err}", file=sys.stderr)
             return 2
-    rows, missing = collect(args.sweep_dir)
+    rows, missing, unlabelled = collect(args.sweep_dir)
     if not rows:
         for run_dir, reason in missing:
             print(f"{run_dir}: {reason}", file=sys.stderr)
@@ -128,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         print("  ".join(_fmt(r.get(c)).ljust(widths[c]) for c in columns))
     for run_dir, reason in missing:
         print(f"{run_dir}: {reason}")
+    for run_dir in unlabelled:
+        print(f"{run_dir}: no .hydra/overrides.yaml, so its override columns are blank")
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")

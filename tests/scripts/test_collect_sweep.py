@@ -56,3 +56,17 @@ def test_a_directory_without_runs_is_one_error_line(tmp_path):
     result = run_script("collect_sweep.py", str(tmp_path))
     error_line(result, f"no readable run under {tmp_path}: each is listed above")
     assert f"{tmp_path / '0_x'}: unfinished (no eval.json)" in result.stderr
+
+
+def test_a_run_without_overrides_is_tabulated_and_named(tmp_path):
+    # Its override columns were blank with nothing saying why.
+    sweep = tmp_path / "sweep"
+    _run(sweep, "0_lr=0.1", "- optimizer.lr=0.1\n", mean=0.25)
+    bare = _run(sweep, "1_lr=0.2", "", mean=0.75)
+    (bare / ".hydra" / "overrides.yaml").unlink()
+    result = run_script("collect_sweep.py", str(sweep))
+    assert result.returncode == 0, result.stderr
+    assert any(
+        line.startswith("1_lr=0.2") and "0.7500" in line for line in result.stdout.splitlines()
+    )
+    assert f"{bare}: no .hydra/overrides.yaml, so its override columns are blank" in result.stdout
