@@ -18,6 +18,8 @@ from hydra.errors import MissingConfigException, OverrideParseException
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
+from metalearn.registry import PLUGINS_VARIABLE as PLUGINS
+
 SCHEMA_SUFFIX = "_schema"  # ConfigStore entries that hold a group's schema, not an option
 
 
@@ -71,15 +73,20 @@ def composition_error_message(err: BaseException) -> str:
     """One line for an error Hydra or OmegaConf raised while composing the command line.
 
     >>> from hydra.errors import MissingConfigException
-    >>> composition_error_message(MissingConfigException(
+    >>> message = composition_error_message(MissingConfigException(
     ...     "Could not find 'algorithm/mamll'", "algorithm/mamll", ["maml", "maml_schema"]))
+    >>> message.removesuffix(" (one of your own: name the module that registers it in "
+    ...                      "METALEARN_PLUGINS)")
     'algorithm=mamll is not an option; use one of: maml'
     """
     cause = err.__cause__
     if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options:
         group, _, name = err.missing_cfg_file.rpartition("/")
         options = [o for o in err.options if not o.endswith(SCHEMA_SUFFIX)]
-        return f"{group or 'config'}={name} is not an option; use one of: {', '.join(options)}"
+        message = f"{group or 'config'}={name} is not an option; use one of: {', '.join(options)}"
+        if group in ("algorithm", "model", "data"):  # the groups a researcher's module adds to
+            message += f" (one of your own: name the module that registers it in {PLUGINS})"
+        return message
     if isinstance(err, OverrideParseException):
         return f"cannot parse the override {err.override!r}: {_lines(err.message)}"
     key_error = err if isinstance(err, _KEY_ERRORS) else cause

@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from metalearn.config import GROUPS, Config, check_writable_file, rename_old_keys, to_objects
 from metalearn.data.sources import one_line
+from metalearn.registry import load_plugins
 from metalearn.runner.compilation_cache import enable_compilation_cache
 from metalearn.runner.cpu_backend import schedule_lapack_calls_serially
 from metalearn.runner.devices import out_of_memory_message
@@ -157,6 +158,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_intermixed_args(argv)
     logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
     try:
+        load_plugins()  # the run's own algorithm, model or task family, if it has one
         if args.out is not None:
             check_writable_file(args.out, "--out", "eval.json")  # before the evaluation
         runner, params = load_run(args.run_dir, args.which, args.overrides)

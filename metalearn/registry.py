@@ -10,7 +10,11 @@ signature.
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import importlib.metadata
 import inspect
+import os
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -52,7 +56,10 @@ class Registry:
 
     def entry(self, name: str) -> Entry:
         if name not in self._entries:
-            raise ValueError(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}")
+            raise ValueError(
+                f"unknown {self.kind} {name!r}; known: {', '.join(self.names())} (one of your "
+                f"own: name the module that registers it in {PLUGINS_VARIABLE})"
+            )
         return self._entries[name]
 
     def build(self, config: Any, *args: Any) -> Any:
@@ -86,3 +93,64 @@ def with_config(config_cls: type, config: Any, overrides: dict) -> Any:
 ALGORITHMS = Registry("algorithm")
 MODELS = Registry("model")
 TASKS = Registry("task distribution")
+
+
+# A researcher's own parts live in modules of their own, which register themselves on import.
+PLUGINS_VARIABLE = "METALEARN_PLUGINS"  # comma-separated module names, e.g. "my_algos,lab.data"
+PLUGINS_ENTRY_POINTS = "metalearn.plugins"  # an installed package's entry-point group
+
+
+class PluginError(ValueError):
+    """A module named in ``METALEARN_PLUGINS`` (or a ``metalearn.plugins`` entry point) could
+    not be imported; the message is one line."""
+
+
+def load_plugins() -> list[str]:
+    """Import the modules that register a researcher's own algorithms, models and task families.
+
+    They are named in the environment variable ``METALEARN_PLUGINS`` (comma-separated module
+    names, found on the import path: the current directory under ``python -m``, or
+    ``PYTHONPATH``) and by installed packages under the entry-point group
+    ``metalearn.plugins``. ``metalearn.train`` and ``metalearn.evaluate`` call this before they
+    read a config, so ``algorithm=NAME`` selects a registered ``NAME`` on the command line, in
+    sweeps and in SLURM jobs (which inherit the variable). Returns the modules imported; raises
+    :class:`PluginError` with one line naming the module, the error and where it was raised.
+
+    >>> os.environ.pop(PLUGINS_VARIABLE, None) and None
+    >>> load_plugins()
+    []
+    """
+    imported = []
+    for entry_point in importlib.metadata.entry_points(group=PLUGINS_ENTRY_POINTS):
+        where = f"the {PLUGINS_ENTRY_POINTS} entry point {entry_point.name} = {entry_point.value}"
+        _import_plugin(entry_point.value, where, entry_point.load)
+        imported.append(entry_point.value)
+    names = [n.strip() for n in os.environ.get(PLUGINS_VARIABLE, "").split(",") if n.strip()]
+    for name in names:
+        where = f"{PLUGINS_VARIABLE}={os.environ[PLUGINS_VARIABLE]}"
+        _import_plugin(name, where, lambda name=name: importlib.import_module(name))
+        imported.append(name)
+    return imported
+
+
+def _import_plugin(name: str, where: str, load: Callable[[], Any]) -> None:
+    try:
+        load()
+    except ModuleNotFoundError as err:
+        if err.name == name or name.startswith(f"{err.name}."):  # the module, not one it imports
+            raise PluginError(
+                f"{where}: no module named {name!r} on the import path; run from its directory "
+                "or add that directory to PYTHONPATH"
+            ) from None
+        raise PluginError(f"{where}: importing {name!r} failed: {_located(err)}") from None
+    except Exception as err:
+        raise PluginError(f"{where}: importing {name!r} failed: {_located(err)}") from None
+
+
+def _located(err: BaseException) -> str:
+    """``Type: message (file, line N)``, the frame where ``err`` was raised."""
+    message = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    frames = traceback.extract_tb(err.__traceback__)
+    if not frames:
+        return message
+    return f"{message} ({frames[-1].filename}, line {frames[-1].lineno})"

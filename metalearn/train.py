@@ -33,6 +33,7 @@ from metalearn.config import (
 )
 from metalearn.config_errors import composition_error_message
 from metalearn.data.sources import DataSourceError
+from metalearn.registry import PluginError, load_plugins
 from metalearn.runner.checkpoints import CheckpointMismatchError
 from metalearn.runner.compilation_cache import enable_compilation_cache
 from metalearn.runner.cpu_backend import schedule_lapack_calls_serially, start_cpu_devices
@@ -47,6 +48,13 @@ CONF_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
 log = logging.getLogger("metalearn")
 _task_started = False  # set once Hydra has composed the config and calls main()
 
+try:  # a researcher's own algorithms, models and task families register before the configs
+    load_plugins()
+except PluginError as _err:
+    if __name__ != "__main__":
+        raise
+    print(f"error: {_err}", file=sys.stderr)
+    sys.exit(2)
 register_configs()
 # Orbax reports every save and restore at INFO through absl, JAX opens every run with an INFO
 # line about the TPU backend it did not find, and torch (imported by tensorboardX where it is

@@ -1,0 +1,95 @@
+"""A researcher's own parts from the command line: modules named in METALEARN_PLUGINS."""
+
+import json
+import sys
+import textwrap
+
+import pytest
+
+from metalearn.registry import ALGORITHMS, PluginError, load_plugins
+from tests.cli import TINY, error_line, run_cli
+
+# An algorithm of the researcher's own, in a module outside the package: first-order MAML
+# under another name, registered as docs/extending.md shows.
+PLUGIN = textwrap.dedent(
+    """
+    import dataclasses
+
+    from metalearn.algorithms.maml import FOMAMLConfig, fomaml
+    from metalearn.registry import ALGORITHMS
+
+
+    @dataclasses.dataclass
+    class LabFOMAMLConfig(FOMAMLConfig):
+        name: str = "lab_fomaml"
+
+
+    @ALGORITHMS.register("lab_fomaml", LabFOMAMLConfig)
+    def lab_fomaml(objective, config=None, **overrides):
+        c = dataclasses.replace(config or LabFOMAMLConfig(), **overrides)
+        return fomaml(objective, FOMAMLConfig(**{**dataclasses.asdict(c), "name": "fomaml"}))
+    """
+)
+
+
+@pytest.fixture
+def plugin_dir(tmp_path):
+    directory = tmp_path / "lab"
+    directory.mkdir()
+    (directory / "lab_algos.py").write_text(PLUGIN)
+    (directory / "broken_algos.py").write_text("import dataclasses\n\nregister(undefined)\n")
+    return directory
+
+
+def env_with(plugin_dir, plugins):
+    return {"PYTHONPATH": str(plugin_dir), "METALEARN_PLUGINS": plugins}
+
+
+def test_a_registered_module_runs_from_the_command_line_and_evaluates(plugin_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    env = env_with(plugin_dir, "lab_algos")
+    result = run_cli(*TINY, "algorithm=lab_fomaml", f"hydra.run.dir={run_dir}", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "algorithm:\n  name: lab_fomaml" in (run_dir / "config.yaml").read_text()
+    assert json.loads((run_dir / "eval.json").read_text())
+
+    result = run_cli(str(run_dir), "--which", "latest", module="metalearn.evaluate", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # Without the module the run's algorithm is unknown, and the line says where to name it.
+    result = run_cli(str(run_dir), module="metalearn.evaluate", env={"METALEARN_PLUGINS": ""})
+    error_line(result, "unknown algorithm 'lab_fomaml'", "METALEARN_PLUGINS")
+
+
+def test_an_unknown_option_names_the_variable(tmp_path):
+    result = run_cli(*TINY, "algorithm=lab_fomaml", f"hydra.run.dir={tmp_path}")
+    error_line(result, "algorithm=lab_fomaml is not an option", "METALEARN_PLUGINS")
+
+
+@pytest.mark.parametrize(
+    "plugins, fragments",
+    [
+        ("no_such_module", ["no module named 'no_such_module' on the import path", "PYTHONPATH"]),
+        ("lab_algos,broken_algos", ["importing 'broken_algos' failed: NameError", "line 3)"]),
+    ],
+)
+def test_a_module_that_cannot_be_imported_is_one_line(plugin_dir, tmp_path, plugins, fragments):
+    result = run_cli(*TINY, f"hydra.run.dir={tmp_path / 'run'}", env=env_with(plugin_dir, plugins))
+    error_line(result, f"METALEARN_PLUGINS={plugins}: ", *fragments)
+    assert not (tmp_path / "run").exists()  # refused before Hydra made the run directory
+    result = run_cli(str(tmp_path), module="metalearn.evaluate", env=env_with(plugin_dir, plugins))
+    error_line(result, f"METALEARN_PLUGINS={plugins}: ", *fragments)
+
+
+def test_load_plugins_imports_the_named_modules(plugin_dir, monkeypatch):
+    monkeypatch.syspath_prepend(str(plugin_dir))
+    monkeypatch.setattr(ALGORITHMS, "_entries", dict(ALGORITHMS._entries))  # put back after
+    monkeypatch.setenv("METALEARN_PLUGINS", " lab_algos , ")
+    try:
+        assert "lab_fomaml" not in ALGORITHMS.names()
+        assert load_plugins() == ["lab_algos"]
+        assert "lab_fomaml" in ALGORITHMS.names()
+        monkeypatch.setenv("METALEARN_PLUGINS", "broken_algos")
+        with pytest.raises(PluginError, match="broken_algos.py, line 3"):
+            load_plugins()
+    finally:
+        sys.modules.pop("lab_algos", None)
