@@ -60,6 +60,27 @@ def test_a_registered_module_runs_from_the_command_line_and_evaluates(plugin_dir
     error_line(result, "unknown algorithm 'lab_fomaml'", "METALEARN_PLUGINS")
 
 
+def test_an_installed_packages_entry_point_is_imported_in_a_sweep(plugin_dir, tmp_path):
+    # What `pip install` of a package declaring [project.entry-points."metalearn.plugins"]
+    # leaves on the import path: a dist-info directory whose entry_points.txt names the module.
+    dist_info = plugin_dir / "lab_pkg-0.1.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: lab-pkg\nVersion: 0.1\n")
+    (dist_info / "entry_points.txt").write_text("[metalearn.plugins]\nlab = lab_algos\n")
+    sweep_dir = tmp_path / "sweep"
+    result = run_cli(
+        "-m",
+        *TINY,
+        "algorithm=lab_fomaml",
+        "seed=0,1",
+        f"hydra.sweep.dir={sweep_dir}",
+        env={"PYTHONPATH": str(plugin_dir), "METALEARN_PLUGINS": ""},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    for job in ("0_algorithm=lab_fomaml,seed=0", "1_algorithm=lab_fomaml,seed=1"):
+        assert (sweep_dir / job / "eval.json").exists(), sorted(p.name for p in sweep_dir.iterdir())
+
+
 def test_an_unknown_option_names_the_variable(tmp_path):
     result = run_cli(*TINY, "algorithm=lab_fomaml", f"hydra.run.dir={tmp_path}")
     error_line(result, "algorithm=lab_fomaml is not an option", "METALEARN_PLUGINS")
