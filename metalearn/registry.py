@@ -116,9 +116,10 @@ def load_plugins() -> list[str]:
     sweeps and in SLURM jobs (which inherit the variable). Returns the modules imported; raises
     :class:`PluginError` with one line naming the module, the error and where it was raised.
 
-    >>> os.environ.pop(PLUGINS_VARIABLE, None) and None
-    >>> load_plugins()
-    []
+    >>> from unittest import mock
+    >>> with mock.patch.dict(os.environ, {PLUGINS_VARIABLE: "json, string"}):
+    ...     load_plugins()
+    ['json', 'string']
     """
     imported = []
     for entry_point in importlib.metadata.entry_points(group=PLUGINS_ENTRY_POINTS):
