@@ -40,12 +40,21 @@ class Registry:
         head, embedding and normalisation layers: :class:`metalearn.models.base.ModelParts`;
         an algorithm whose outer step does not use the ``optimizer`` section:
         ``outer_step_settings(config) -> str | None``, the settings it uses instead).
+
+        A name is registered once: another factory under a known name (a researcher's module
+        registering ``"maml"``, say) is refused, so it never replaces a part silently.
         """
         fields = {f.name for f in dataclasses.fields(config_cls)}
         if "name" not in fields:
             raise TypeError(f"{config_cls.__name__} needs a 'name' field")
 
         def decorate(factory: Callable) -> Callable:
+            known = self._entries.get(name)
+            if known is not None and _origin(known.factory) != _origin(factory):  # not a reload
+                raise ValueError(
+                    f"{self.kind} {name!r} is already registered by {_origin(known.factory)}; "
+                    f"register {_origin(factory)} under another name"
+                )
             self._entries[name] = Entry(config_cls, factory, dict(info))
             return factory
 
@@ -74,6 +83,10 @@ class Registry:
         kwargs = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
         kwargs.pop("name")
         return entry.factory(*args, **kwargs)
+
+
+def _origin(factory: Callable) -> str:
+    return f"{factory.__module__}.{factory.__qualname__}"
 
 
 def with_config(config_cls: type, config: Any, overrides: dict) -> Any:

@@ -38,6 +38,7 @@ def plugin_dir(tmp_path):
     directory.mkdir()
     (directory / "lab_algos.py").write_text(PLUGIN)
     (directory / "broken_algos.py").write_text("import dataclasses\n\nregister(undefined)\n")
+    (directory / "shadowing_algos.py").write_text(PLUGIN.replace('"lab_fomaml"', '"maml"'))
     return directory
 
 
@@ -91,6 +92,13 @@ def test_an_unknown_option_names_the_variable(tmp_path):
     [
         ("no_such_module", ["no module named 'no_such_module' on the import path", "PYTHONPATH"]),
         ("lab_algos,broken_algos", ["importing 'broken_algos' failed: NameError", "line 3)"]),
+        (  # it replaced the library's maml silently
+            "shadowing_algos",
+            [
+                "algorithm 'maml' is already registered by metalearn.algorithms.maml.maml; "
+                "register shadowing_algos.lab_fomaml under another name",
+            ],
+        ),
     ],
 )
 def test_a_module_that_cannot_be_imported_is_one_line(plugin_dir, tmp_path, plugins, fragments):
