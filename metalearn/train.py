@@ -99,7 +99,7 @@ def main(cfg: DictConfig) -> float | None:
         summary = run(cfg, workdir)
     except RunDirectoryError as err:
         restore_hydra_files(workdir)  # Hydra rewrote .hydra/ before a sweep job could check
-        return _failed(workdir, sweep, f"error: {err}", 2)
+        return _failed(workdir, sweep, f"error: {err}", 2, status="refused")
     except (ValueError, FileNotFoundError, NonFiniteError, DataSourceError) as err:
         return _failed(workdir, sweep, f"error: {err}", 2)
     except Exception as err:
@@ -120,12 +120,20 @@ def main(cfg: DictConfig) -> float | None:
     return summary["best_val_score"]
 
 
-def _failed(workdir: str, sweep: bool, message: str, code: int, details: str = "") -> None:
-    """Report a failed run: exit with ``code``, or in a sweep record it and let the sweep go on."""
+def _failed(
+    workdir: str, sweep: bool, message: str, code: int, details: str = "", status: str = "failed"
+) -> None:
+    """Report a failed run: exit with ``code``, or in a sweep record it and let the sweep go on.
+
+    ``status="refused"``: the run directory refused the job, so nothing in it changed (its
+    earlier record is kept inside the new one, and no ``error.txt`` is written)."""
     print(message, file=sys.stderr)
     if not sweep:
         sys.exit(code)
-    record_job(workdir, "failed", code, message, details or message + "\n")
+    if status == "refused":
+        record_job(workdir, status, code, message)
+    else:
+        record_job(workdir, status, code, message, details or message + "\n")
     return None
 
 

@@ -58,6 +58,8 @@ def read_records(run_dir: Path) -> tuple[list[dict], str]:
     """The run's eval.json records, or none and why there are none."""
     eval_path = run_dir / "eval.json"
     status = read_status(run_dir)
+    if status is not None and status["status"] == "refused":  # the rerun changed nothing
+        status = status.get("previous")
     if status is not None and status["status"] != "ok":
         return [], f"{status['status']}: {status['message']}"
     if not eval_path.exists():

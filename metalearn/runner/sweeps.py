@@ -1,9 +1,11 @@
 """Sweeps (``-m``): every job runs; each records how it ended; the sweep sums them up.
 
-A job writes ``status.json`` into its directory (``{"status": "ok" | "failed" | "interrupted",
-"exit_code": ..., "message": ...}``; a failure also writes ``error.txt`` with the traceback when
-there is one). The :class:`SweepSummary` Hydra callback prints one line per failed job at the end
-and exits 1 if any job failed, so the shell sees the sweep fail.
+A job writes ``status.json`` into its directory (``{"status": "ok" | "failed" | "interrupted" |
+"refused", "exit_code": ..., "message": ..., "time": ...}``; a failure also writes ``error.txt``
+with the traceback when there is one). A rerun that the run directory refuses (another config)
+changed nothing in it, so its ``"refused"`` record keeps the job's earlier one as ``"previous"``.
+The :class:`SweepSummary` Hydra callback prints one line per failed job of this sweep at the
+end (a rerun of a sweep directory included) and exits 1 if any failed, so the shell sees it.
 """
 
 from __future__ import annotations
@@ -37,24 +39,41 @@ def record_job(
             f.write(details)
     record = {"status": status, "exit_code": exit_code, "message": message, "time": time.time()}
     path = os.path.join(workdir, STATUS)
+    if status == "refused":  # the job's directory is as it was: so is its earlier record
+        previous = read_status(Path(workdir))
+        if previous is not None:
+            record["previous"] = previous.get("previous", previous)
     with open(path + ".tmp", "w") as f:
         json.dump(record, f, indent=1)
     os.replace(path + ".tmp", path)
 
 
 def read_status(job_dir: Path) -> dict | None:
-    """The job's status record, or None if it wrote none (still running, or killed)."""
+    """The job's status record, or None if it wrote none (still running, or killed) or it
+    cannot be read as one."""
     try:
-        return json.loads((job_dir / STATUS).read_text())
+        record = json.loads((job_dir / STATUS).read_text())
     except (OSError, ValueError):
         return None
+    if not (isinstance(record, dict) and {"status", "exit_code", "message"} <= record.keys()):
+        return None
+    return record
+
+
+def _launched_since(job: Path, since: float) -> bool:
+    """Whether this sweep ran ``job``: it recorded how it ended, or Hydra wrote its ``.hydra/``
+    files (a job killed before recording), after ``since``. (Hydra rewrites those files in
+    place on a rerun, so the directory's own time does not tell.)"""
+    status = read_status(job)
+    if status is not None and float(status.get("time", 0.0)) >= since:
+        return True
+    return any(f.stat().st_mtime >= since for f in (job / ".hydra").glob("*.yaml"))
 
 
 def summarize(sweep_dir: Path, since: float = 0.0) -> tuple[list[str], bool]:
-    """Summary lines for the jobs under ``sweep_dir`` started after ``since``; any failure?"""
-    jobs = sorted(
-        p.parent for p in sweep_dir.rglob(".hydra") if p.is_dir() and p.stat().st_mtime >= since
-    )
+    """Summary lines for the jobs under ``sweep_dir`` run after ``since``; any failure?"""
+    job_dirs = (p.parent for p in sweep_dir.rglob(".hydra") if p.is_dir())
+    jobs = sorted(job for job in job_dirs if _launched_since(job, since))
     failed = []
     for job in jobs:
         status = read_status(job)

@@ -111,3 +111,28 @@ def test_sweep_runs_every_job_and_summarises_failures(tmp_path):
     assert f"{jobs[3]}: unreadable eval.json" in table.stdout
     assert f"{jobs[1]}: failed: error: optimizer.lr must be > 0" in table.stdout
     assert len([line for line in table.stdout.splitlines() if line.startswith("0_")]) == 6
+
+
+def test_a_rerun_sweep_reports_its_own_jobs_and_a_refusal_hides_no_result(tmp_path):
+    # Rerun in the same sweep directory, the summary counted no job ("0 of 0"), exit 0, as
+    # Hydra rewrites .hydra/ in place; and a job the run directory refused had its "ok" record
+    # replaced by "failed", so collect_sweep dropped its intact eval.json.
+    sweep_dir = tmp_path / "sweep"
+    sweep = ["-m", *TINY, "optimizer.lr=0.001,1e30", f"hydra.sweep.dir={sweep_dir}"]
+    assert run_cli(*sweep).returncode == 1
+    time.sleep(1.5)  # past the summary's margin for coarse file times
+    again = run_cli(*sweep)
+    assert again.returncode == 1, again.stdout + again.stderr
+    assert "sweep: 1 of 2 job(s) succeeded" in again.stderr
+    assert "1_optimizer.lr=1e+30: failed (exit 2): error: non-finite" in again.stderr
+    time.sleep(1.5)
+    other = ["+experiment=sinusoid_maml_k5", "+debug=tiny", "optimizer.lr=0.001"]
+    refused = run_cli("-m", *other, f"hydra.sweep.dir={sweep_dir}")
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "sweep: 0 of 1 job(s) succeeded" in refused.stderr
+    assert "0_optimizer.lr=0.001: refused (exit 2): error: " in refused.stderr
+    record = json.loads((sweep_dir / "0_optimizer.lr=0.001" / "status.json").read_text())
+    assert record["status"] == "refused" and record["previous"]["status"] == "ok"
+    table = run_script("collect_sweep.py", str(sweep_dir), timeout=120)
+    assert table.returncode == 0, table.stderr
+    assert any(line.startswith("0_optimizer.lr=0.001  ") for line in table.stdout.splitlines())

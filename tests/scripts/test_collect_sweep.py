@@ -70,3 +70,14 @@ def test_a_run_without_overrides_is_tabulated_and_named(tmp_path):
         line.startswith("1_lr=0.2") and "0.7500" in line for line in result.stdout.splitlines()
     )
     assert f"{bare}: no .hydra/overrides.yaml, so its override columns are blank" in result.stdout
+
+
+def test_a_malformed_status_record_is_not_a_traceback(tmp_path):
+    # {} or [1] in status.json ended in KeyError / TypeError.
+    sweep = tmp_path / "sweep"
+    for i, text in enumerate(["{}", "[1]"]):
+        run = _run(sweep, f"{i}_lr=0.{i + 1}", f"- optimizer.lr=0.{i + 1}\n", mean=0.25)
+        (run / "status.json").write_text(text)
+    result = run_script("collect_sweep.py", str(sweep))
+    assert result.returncode == 0, result.stderr
+    assert len([line for line in result.stdout.splitlines() if "0.2500" in line]) == 2
