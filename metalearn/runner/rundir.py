@@ -84,18 +84,48 @@ def saved_steps(workdir: str) -> list[int]:
     return sorted(steps)
 
 
+def _read_record(path: str) -> dict[str, Any]:
+    """The ``checkpoints/config.json`` record at ``path``; ValueError if it is not one."""
+    with open(path) as f:
+        record = json.load(f)  # json.JSONDecodeError is a ValueError
+    if not (isinstance(record, dict) and isinstance(record.get("config"), dict)):
+        raise ValueError("not a config record")
+    return record
+
+
 def _stored_config(workdir: str) -> dict[str, Any] | None:
+    """The flattened config of the run in ``workdir``: from its record, else from the copy of
+    Hydra's config kept with the checkpoints, else from ``config.yaml`` (a run saved before
+    records existed). None when the directory holds none of them; RunDirectoryError when it
+    holds some and none can be read, since a run whose config is unknown must not be resumed
+    by another config."""
     record = os.path.join(workdir, "checkpoints", RECORD)
+    copies = [os.path.join(workdir, "checkpoints", HYDRA_COPY, "config.yaml")]
+    copies.append(os.path.join(workdir, "config.yaml"))
+    problems = []
     if os.path.exists(record):
-        with open(record) as f:
-            return json.load(f)["config"]
-    legacy = os.path.join(workdir, "config.yaml")  # a run saved before fingerprints existed
-    if os.path.exists(legacy):
         try:
-            return flat_config(to_objects(OmegaConf.load(legacy)))
-        except Exception:  # unreadable: nothing to compare with
-            return None
-    return None
+            return _read_record(record)["config"]
+        except (OSError, ValueError) as err:
+            problems.append(f"{record} ({_first_line(err)})")
+    for path in copies:
+        if not os.path.exists(path):
+            continue
+        try:
+            return flat_config(to_objects(OmegaConf.load(path)))
+        except Exception as err:  # unreadable or not a config: try the next copy
+            problems.append(f"{path} ({_first_line(err)})")
+    if not problems:
+        return None
+    raise RunDirectoryError(
+        f"{workdir} holds a run but its config cannot be read: {'; '.join(problems)}. Nothing "
+        "was changed. Restore one of these files from a copy to resume it, or choose a new "
+        "hydra.run.dir"
+    )
+
+
+def _first_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
@@ -114,6 +144,13 @@ def check_rerun(cfg: Config, workdir: str) -> dict[str, tuple[Any, Any]]:
         raise RunDirectoryError(
             f"{workdir} already holds a run ({held}) and trainer.resume=false would mix a new "
             f"run into it: choose a new hydra.run.dir, or drop trainer.resume=false to resume"
+        )
+    if steps and cfg.trainer.meta_steps < max(steps):
+        raise RunDirectoryError(
+            f"{workdir} holds checkpoints up to step {max(steps)}, beyond "
+            f"trainer.meta_steps={cfg.trainer.meta_steps}: a run cannot be shortened. Nothing "
+            f"was changed. Evaluate an earlier point of it from its metrics, or choose a new "
+            f"hydra.run.dir"
         )
     stored = _stored_config(workdir)
     if stored is None:
@@ -143,14 +180,12 @@ def record_config(cfg: Config, workdir: str, changed: dict[str, tuple[Any, Any]]
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, RECORD)
     history = []
+    if os.path.exists(path):
+        with contextlib.suppress(OSError, ValueError):  # a damaged record: its history is lost
+            history = list(_read_record(path).get("changes", []))
     if os.path.exists(path) and changed:
-        with open(path) as f:
-            history = json.load(f).get("changes", [])
         steps = saved_steps(workdir)
         history.append({"from_step": max(steps) if steps else 0, "changed": changed})
-    elif os.path.exists(path):
-        with open(path) as f:
-            history = json.load(f).get("changes", [])
     flat = flat_config(cfg)
     record = {"fingerprint": fingerprint(flat), "config": flat, "changes": history}
     with open(path + ".tmp", "w") as f:
@@ -213,8 +248,9 @@ class GuardRunDirectory(Callback):
         workdir = os.path.abspath(str(config.hydra.run.dir))
         if not os.path.isdir(workdir):
             return
+        job_keys = [key for key in config if key != "hydra"]  # to_objects refuses other keys
         try:
-            cfg = to_objects(config)
+            cfg = to_objects(OmegaConf.masked_copy(config, job_keys))
         except Exception:  # an invalid config: the task reports it in its own words
             return
         try:

@@ -80,6 +80,8 @@ def one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> str:
 
 
 def test_rerun_with_another_config_is_refused_before_anything_is_written(run_copy):
+    overrides = run_copy / ".hydra" / "overrides.yaml"
+    overrides.write_text(overrides.read_text() + "# not in the copy under checkpoints/hydra\n")
     before = snapshot(run_copy)
     line = one_line_error(
         train(run_copy, "seed=5", "algorithm.inner_lr=0.02"),
@@ -90,6 +92,9 @@ def test_rerun_with_another_config_is_refused_before_anything_is_written(run_cop
     )
     assert "Nothing was changed" in line
     assert snapshot(run_copy) == before  # config.yaml, .hydra/, checkpoints, metrics untouched
+    # So it was refused by the GuardRunDirectory callback before Hydra wrote .hydra/: the task
+    # would have put back the copy under checkpoints/hydra, without the line added above (the
+    # callback had stopped checking when to_objects began refusing the hydra section).
     # The original run can still be evaluated from its own config.yaml.
     evaluated = cli("metalearn.evaluate", str(run_copy), "eval.num_tasks=2")
     assert evaluated.returncode == 0, evaluated.stderr
@@ -108,6 +113,53 @@ def test_an_allowed_change_resumes_and_is_recorded(run_copy):
     record = json.loads((run_copy / "checkpoints" / "config.json").read_text())
     assert record["config"]["trainer.meta_steps"] == 6
     assert record["changes"] == [{"from_step": 4, "changed": {"trainer.meta_steps": [4, 6]}}]
+
+
+def test_a_shortened_run_is_refused(run_copy):
+    # Accepted before: the record said 2 steps for a run of 4 (summary.json's step).
+    before = snapshot(run_copy)
+    one_line_error(
+        train(run_copy, "trainer.meta_steps=2", "trainer.allow_changes=[trainer.meta_steps]"),
+        "holds checkpoints up to step 4, beyond trainer.meta_steps=2",
+    )
+    assert snapshot(run_copy) == before
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["record deleted, config.yaml corrupt", "record corrupt", "record of another shape"],
+)
+def test_a_damaged_config_record_still_refuses_another_config(run_copy, damage):
+    # A deleted record with a corrupt config.yaml let seed=5 resume seed 0's checkpoints
+    # silently; a corrupt record was a bare JSON error line, one of another shape a traceback.
+    record = run_copy / "checkpoints" / "config.json"
+    if damage == "record deleted, config.yaml corrupt":
+        record.unlink()
+        (run_copy / "config.yaml").write_text("seed: [\n")
+    else:
+        record.write_text('{"fingerprint": "x", "conf' if damage == "record corrupt" else "[1, 2]")
+    before = snapshot(run_copy)
+    one_line_error(train(run_copy, "seed=5"), "different config", "seed 0 -> 5")
+    assert snapshot(run_copy) == before  # .hydra/ included
+    # Its own settings resume it, and the record is written again.
+    result = train(run_copy)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(record.read_text())["config"]["seed"] == 0
+
+
+def test_a_run_whose_config_cannot_be_read_at_all_is_refused(run_copy):
+    (run_copy / "checkpoints" / "config.json").write_text("{")
+    (run_copy / "checkpoints" / "hydra" / "config.yaml").write_text("seed: [\n")
+    (run_copy / "config.yaml").unlink()
+    before = snapshot(run_copy)
+    one_line_error(
+        train(run_copy),
+        "holds a run but its config cannot be read: ",
+        "checkpoints/config.json (JSONDecodeError: ",
+        "checkpoints/hydra/config.yaml (",
+        "Restore one of these files from a copy to resume it",
+    )
+    assert snapshot(run_copy) == before
 
 
 def test_a_change_of_parameter_shapes_is_refused_and_moves_nothing(run_copy):
