@@ -40,7 +40,12 @@ from metalearn.runner.cpu_backend import schedule_lapack_calls_serially, start_c
 from metalearn.runner.devices import initialize_distributed, out_of_memory_message
 from metalearn.runner.experiment import cpu_devices_for, needs_serial_lapack
 from metalearn.runner.loop import NonFiniteError, prepare_run_directory, train_and_evaluate
-from metalearn.runner.rundir import RunDirectoryError, record_kept_on, restore_hydra_files
+from metalearn.runner.rundir import (
+    RunDirectoryError,
+    no_space_message,
+    record_kept_on,
+    restore_hydra_files,
+)
 from metalearn.runner.sweeps import record_job
 
 # The Hydra configs ship inside the package (metalearn/conf/), so a wheel install runs too.
@@ -106,6 +111,9 @@ def main(cfg: DictConfig) -> float | None:
         out_of_memory = out_of_memory_message(err)
         if out_of_memory:
             return _failed(workdir, sweep, f"error: {out_of_memory}", 2)
+        no_space = no_space_message(err, workdir)
+        if no_space:  # TensorBoard's exit handler would flush into the full disk again: skip it
+            _failed(workdir, sweep, f"error: {no_space}", 2, exit_now=True)
         if not sweep:
             raise
         message = f"error: {type(err).__name__}: {err}".splitlines()[0]
@@ -121,13 +129,24 @@ def main(cfg: DictConfig) -> float | None:
 
 
 def _failed(
-    workdir: str, sweep: bool, message: str, code: int, details: str = "", status: str = "failed"
+    workdir: str,
+    sweep: bool,
+    message: str,
+    code: int,
+    details: str = "",
+    status: str = "failed",
+    exit_now: bool = False,
 ) -> None:
     """Report a failed run: exit with ``code``, or in a sweep record it and let the sweep go on.
 
     ``status="refused"``: the run directory refused the job, so nothing in it changed (its
-    earlier record is kept inside the new one, and no ``error.txt`` is written)."""
+    earlier record is kept inside the new one, and no ``error.txt`` is written).
+    ``exit_now``: exit at once without exit handlers, in a sweep too (a full disk)."""
     print(message, file=sys.stderr)
+    if exit_now:  # without exit handlers; nothing can be recorded either
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     if not sweep:
         sys.exit(code)
     if status == "refused":

@@ -261,6 +261,37 @@ def test_out_of_memory_is_one_line_naming_what_bounds_memory(tmp_path):
     error_line(result, "out of memory on the device (RESOURCE_EXHAUSTED", "trainer.meta_batch_size")
 
 
+# A full disk at the second checkpoint: the manifest write fails with ENOSPC, as it does on a
+# full file system (this started as a 487-line flood of orbax and TensorBoard tracebacks on a
+# 300 kB tmpfs; the same one line is printed there, checked by hand).
+FULL_DISK_AT_STEP_4 = """
+import errno
+import metalearn.runner.checkpoints as checkpoints
+write_manifest = checkpoints.write_manifest
+def full_at_step_4(directory, *args, **kwargs):
+    if directory.rstrip("/").endswith("/4"):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    return write_manifest(directory, *args, **kwargs)
+checkpoints.write_manifest = full_at_step_4
+"""
+
+
+def test_a_full_disk_is_one_line_and_the_rerun_resumes(tmp_path):
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(FULL_DISK_AT_STEP_4)
+    run_dir = tmp_path / "run"
+    result = run_cli(*TINY, f"hydra.run.dir={run_dir}", env={"PYTHONPATH": str(inject)})
+    error_line(
+        result,
+        f"no space left on the device that holds {run_dir} ([Errno 28] No space left on device)",
+        f"rerun with hydra.run.dir={run_dir} to resume",
+    )
+    result = run_cli(*TINY, f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resumed from step 2" in result.stdout + result.stderr
+
+
 @pytest.mark.parametrize("override", ["eval.shots=[1,5]", "trainer.shots=3"])
 def test_rl_runs_refuse_a_shot_count(tmp_path, override):
     # RL tasks ignored the shot count: eval.shots=[1,5] reported two rows of other random tasks.

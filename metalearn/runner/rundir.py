@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -126,6 +127,32 @@ def _stored_config(workdir: str) -> dict[str, Any] | None:
 
 def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+
+
+def no_space_message(err: BaseException, workdir: str) -> str | None:
+    """One line when ``err`` (or an exception it was raised from or while handling) is a full
+    disk, ENOSPC; else None. Orbax and TensorBoard report it from their own threads, wrapped.
+
+    >>> no_space_message(RuntimeError("save failed: [Errno 28] No space left on device"), "R")
+    'no space left on the device that holds R (save failed: [Errno 28] No space left on device); free space there, then rerun with hydra.run.dir=R to resume from its last checkpoint (checkpoints are saved whole or not at all)'
+    >>> no_space_message(ValueError("shapes do not match"), "R") is None
+    True
+    """  # noqa: E501
+    seen, todo = set(), [err]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in str(e):
+            reason = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+            return (
+                f"no space left on the device that holds {workdir} ({reason}); free space "
+                f"there, then rerun with hydra.run.dir={workdir} to resume from its last "
+                "checkpoint (checkpoints are saved whole or not at all)"
+            )
+        todo += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
+    return None
 
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
