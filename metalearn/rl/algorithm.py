@@ -84,6 +84,23 @@ def check_config(c: MAMLRLAlgorithmConfig) -> None:
     check_positive("ppo_clip", c.ppo_clip)
     if not c.eval_lrs or min(c.eval_lrs) <= 0:
         raise ValueError(f"algorithm.eval_lrs must be positive rates, got {list(c.eval_lrs)}")
+    defaults = MAMLRLAlgorithmConfig()
+    for outer, keys in OUTER_STEP_KEYS.items():  # a setting the chosen outer step never reads
+        changed = [k for k in keys if getattr(c, k) != getattr(defaults, k)]
+        if outer != c.outer and changed:
+            key = changed[0]
+            raise ValueError(
+                f"algorithm.{key}={getattr(c, key)} is used by algorithm.outer={outer} only, and "
+                f"algorithm.outer={c.outer}: set algorithm.outer={outer}, or leave {key} at "
+                f"{getattr(defaults, key)}"
+            )
+
+
+# The settings each outer step reads (PPO's step size is optimizer.lr).
+OUTER_STEP_KEYS = {
+    "trpo": ("max_kl", "cg_iters", "cg_damping", "backtrack_ratio", "max_backtracks"),
+    "ppo": ("ppo_clip", "ppo_epochs"),
+}
 
 
 def meta_rl_config(c: MAMLRLAlgorithmConfig, inner: InnerConfig) -> MAMLRLConfig:

@@ -207,3 +207,27 @@ def test_maml_rl_with_trpo_refuses_optimizer_settings_it_would_ignore():
     with pytest.raises(ValueError, match=r"optimizer.lr=1e\+30 would have no effect"):
         build_experiment(to_objects(compose_config([*rl, "optimizer.lr=1e30"])))
     build_experiment(to_objects(compose_config([*rl, "algorithm.outer=ppo", "optimizer.lr=0.01"])))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["algorithm.outer=ppo", "algorithm.max_kl=0.05"],
+            "algorithm.max_kl=0.05 is used by "
+            "algorithm.outer=trpo only, and algorithm.outer=ppo: set algorithm.outer=trpo, or "
+            "leave max_kl at 0.01",
+        ),
+        (["algorithm.outer=ppo", "algorithm.cg_iters=5"], "algorithm.cg_iters=5 is used by"),
+        (["algorithm.ppo_clip=0.1"], "algorithm.ppo_clip=0.1 is used by algorithm.outer=ppo only"),
+        (["algorithm.ppo_epochs=3"], "algorithm.ppo_epochs=3 is used by algorithm.outer=ppo only"),
+    ],
+)
+def test_maml_rl_refuses_settings_of_the_outer_step_it_does_not_take(overrides, message):
+    # Accepted and ignored: PPO never reads TRPO's settings, nor TRPO PPO's.
+    rl = ["+experiment=rl_nav2d_maml", "+debug=tiny", "model.hidden_sizes=[8]"]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build_experiment(to_objects(compose_config([*rl, *overrides])))
+    build_experiment(
+        to_objects(compose_config([*rl, "algorithm.outer=ppo", "algorithm.ppo_clip=0.1"]))
+    )
