@@ -82,8 +82,16 @@ def cg_solve(
     >>> [round(float(xi), 4) for xi in x]      # exact: [1/11, 7/11]
     [0.0909, 0.6364]
     """
-    if isinstance(max_iters, int) and max_iters < 1:
-        raise ValueError(f"cg_solve: max_iters must be >= 1, got {max_iters}")
+    if not isinstance(max_iters, jax.core.Tracer) and (
+        isinstance(max_iters, bool) or not isinstance(max_iters, (int, np.integer)) or max_iters < 1
+    ):  # 0.0 returned x = 0 after no iteration; None failed inside the loop
+        raise ValueError(f"cg_solve: max_iters must be an integer >= 1, got {max_iters!r}")
+    for leaf in jax.tree_util.tree_leaves(b):
+        if not jnp.issubdtype(jnp.result_type(leaf), jnp.inexact):
+            raise ValueError(
+                f"cg_solve: b must be floating point, got {jnp.result_type(leaf)} (convert it, "
+                "e.g. b.astype(jnp.float32))"
+            )
     if isinstance(tol, (int, float)) and not tol >= 0:  # tol**2 made a negative tol a large one
         raise ValueError(f"cg_solve: tol must be >= 0, got {tol}")
     if x0 is None:  # r = b - A 0 without spending a product on it
@@ -128,6 +136,9 @@ def lanczos_eigenvalues(
     """
     if isinstance(num_iters, bool) or not isinstance(num_iters, int) or num_iters < 1:
         raise ValueError(f"num_iters must be an integer >= 1, got {num_iters!r}")
+    if getattr(v0, "ndim", None) != 1 or not jnp.issubdtype(v0.dtype, jnp.floating):
+        shown = f"shape {v0.shape}, {v0.dtype}" if hasattr(v0, "dtype") else type(v0).__name__
+        raise ValueError(f"v0 must be a 1-D floating-point array (flat vectors), got {shown}")
     if not isinstance(v0, jax.core.Tracer):  # under jit a zero v0 gives NaN: it cannot be checked
         norm = float(np.linalg.norm(np.asarray(v0)))
         if not (np.isfinite(norm) and norm > 0):

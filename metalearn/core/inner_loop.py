@@ -38,6 +38,8 @@ def _check_finite_rate(inner_lr: float | PyTree | None) -> None:
     for leaf in jax.tree_util.tree_leaves(inner_lr):
         if isinstance(leaf, jax.core.Tracer):
             continue
+        if isinstance(leaf, str) or not np.issubdtype(np.asarray(leaf).dtype, np.number):
+            raise ValueError(f"inner_lr must be a number or an array of numbers, got {leaf!r}")
         if not np.all(np.isfinite(np.asarray(leaf))):  # numpy: jnp would trace under jit
             raise ValueError(f"inner_lr must be finite, got {leaf!r}")
 

@@ -123,9 +123,11 @@ def test_curvature_tools_under_jit_and_vmap():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"max_iters": 0}, "max_iters must be >= 1"),
-        ({"max_iters": -1}, "max_iters must be >= 1"),
+        ({"max_iters": 0}, "max_iters must be an integer >= 1"),
+        ({"max_iters": -1}, "max_iters must be an integer >= 1"),
         ({"tol": -1.0}, "tol must be >= 0"),  # squared, it stopped at once and returned 0
+        ({"max_iters": 0.0}, "max_iters must be an integer >= 1"),  # returned x = 0
+        ({"max_iters": None}, "max_iters must be an integer >= 1"),  # a TypeError in the loop
     ],
 )
 def test_cg_solve_refuses_settings_that_returned_zeros_silently(kwargs, message):
@@ -148,4 +150,19 @@ def test_lanczos_refuses_a_step_count_below_one(num_iters):
 def test_lanczos_refuses_a_start_vector_it_cannot_normalise(v0):
     # It returned NaN Ritz values: v0 / |v0| is 0 / 0 or carries the NaN.
     with pytest.raises(ValueError, match="v0 must be a finite, nonzero start vector"):
+        lanczos_eigenvalues(lambda v: 2 * v, v0, 2)
+
+
+def test_cg_solve_refuses_an_integer_right_hand_side():
+    # It failed inside lax.while_loop: "carry input and carry output must have equal types".
+    with pytest.raises(ValueError, match="b must be floating point, got int32"):
+        cg_solve(lambda v: 2 * v, jnp.array([1, 2, 3]))
+
+
+@pytest.mark.parametrize(
+    "v0", [jnp.ones((2, 2)), jnp.array(1.0), [1.0, 2.0], {"a": jnp.ones(2)}, jnp.ones(3, int)]
+)
+def test_lanczos_refuses_a_start_vector_that_is_not_flat(v0):
+    # Broadcasting, IndexError, AttributeError and TypeError from inside the loop before.
+    with pytest.raises(ValueError, match="v0 must be a 1-D floating-point array"):
         lanczos_eigenvalues(lambda v: 2 * v, v0, 2)

@@ -144,6 +144,12 @@ def test_a_non_finite_rate_is_refused(bad_rate):
         maml_loss(mlp_loss, params, support, support, inner_lr=per_parameter)
 
 
+def test_a_rate_that_is_not_a_number_is_refused():
+    params, support, _ = small_mlp_problem()  # "0.1" was numpy's "ufunc 'isfinite' not supported"
+    with pytest.raises(ValueError, match="inner_lr must be a number or an array of numbers"):
+        adapt(mlp_loss, params, support, inner_lr="0.1")
+
+
 def test_a_negative_rate_is_an_ascent_step():
     loss = lambda w, b: 0.5 * jnp.sum((w - b) ** 2)  # noqa: E731
     assert float(adapt(loss, jnp.array(0.0), jnp.array(1.0), inner_lr=-0.5)) == -0.5
