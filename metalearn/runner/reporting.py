@@ -20,6 +20,7 @@ class MetricsWriter:
     On resume, lines from steps after the restored checkpoint are dropped, and a record for a
     (step, split) already in the file replaces it (the final validation of a run interrupted
     during its test evaluation is redone), so the file always describes one consistent run.
+    Unreadable lines are moved to ``metrics.jsonl.unreadable``, with a warning.
     """
 
     def __init__(self, workdir: str, resume_step: int = 0, enabled: bool = True):
@@ -30,7 +31,9 @@ class MetricsWriter:
         kept: list[str] = []
         if resume_step > 0 and os.path.exists(self.path):
             with open(self.path) as f:
-                kept = [line for line in f if _line_key(line)[0] <= resume_step]
+                lines = f.readlines()
+            self._set_aside_unreadable(lines)
+            kept = [line for line in lines if _line_key(line)[0] <= resume_step]
         self._keys = {_line_key(line) for line in kept}
         self._rewrite(kept)
         # Imported here: tensorboardX imports torch when it is installed (about 1 s), which
@@ -39,6 +42,29 @@ class MetricsWriter:
 
         purge = resume_step + 1 if resume_step else None  # TB drops its events after the step
         self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=purge)
+
+    def _set_aside_unreadable(self, lines: list[str]) -> None:
+        """Append unreadable lines to ``metrics.jsonl.unreadable`` and say so; a half-written
+        last line (a run killed while writing it, no newline) is dropped without a word."""
+        last_half_written = bool(lines) and not lines[-1].endswith("\n")
+        unreadable = [
+            (number, line)
+            for number, line in enumerate(lines, 1)
+            if _line_key(line)[1] is None and not (last_half_written and number == len(lines))
+        ]
+        if not unreadable:
+            return
+        aside = self.path + ".unreadable"
+        with open(aside, "a") as f:
+            f.writelines(line if line.endswith("\n") else line + "\n" for _, line in unreadable)
+        numbers = ", ".join(str(number) for number, _ in unreadable[:10])
+        log.warning(
+            "%s: %d unreadable line(s) (line %s) moved to %s; the rest is kept",
+            self.path,
+            len(unreadable),
+            numbers + (", ..." if len(unreadable) > 10 else ""),
+            aside,
+        )
 
     def _rewrite(self, lines: list[str]) -> None:
         with open(self.path + ".tmp", "w") as f:
@@ -72,13 +98,14 @@ class MetricsWriter:
             self._tb.close()
 
 
-def _line_key(line: str) -> tuple[int, str]:
-    """``(step, split)`` of a metrics.jsonl line; an unreadable one sorts after every step."""
+def _line_key(line: str) -> tuple[int, str | None]:
+    """``(step, split)`` of a metrics.jsonl line; ``(maxsize, None)`` for an unreadable one,
+    which sorts after every step (it is not kept in the file on resume)."""
     try:
         record = json.loads(line)
         return int(record["step"]), str(record.get("split"))
     except (ValueError, KeyError, TypeError):
-        return sys.maxsize, ""  # an unreadable (half-written) line is dropped on resume
+        return sys.maxsize, None
 
 
 class _FileOnly(logging.Filter):

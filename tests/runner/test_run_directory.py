@@ -115,6 +115,23 @@ def test_an_allowed_change_resumes_and_is_recorded(run_copy):
     assert record["changes"] == [{"from_step": 4, "changed": {"trainer.meta_steps": [4, 6]}}]
 
 
+def test_unreadable_metrics_lines_are_set_aside_with_a_warning(run_copy):
+    # A damaged line inside metrics.jsonl was deleted silently on resume.
+    metrics = run_copy / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    damaged = '{"step": 2, "split": "tr\n'
+    lines[1] = damaged
+    metrics.write_text("".join(lines) + '{"step": 4, "spl')  # and a half-written last line
+    result = train(run_copy, "trainer.meta_steps=6", "trainer.allow_changes=[trainer.meta_steps]")
+    assert result.returncode == 0, result.stderr
+    output = result.stdout + result.stderr
+    assert f"{metrics}: 1 unreadable line(s) (line 2) moved to {metrics}.unreadable" in output
+    assert (run_copy / "metrics.jsonl.unreadable").read_text() == damaged
+    kept = metrics.read_text().splitlines(keepends=True)
+    assert lines[0] in kept and lines[2] in kept and damaged not in kept
+    assert [json.loads(line)["step"] for line in kept][-1] == 6
+
+
 def test_a_shortened_run_is_refused(run_copy):
     # Accepted before: the record said 2 steps for a run of 4 (summary.json's step).
     before = snapshot(run_copy)
