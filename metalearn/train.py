@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import sys
 import traceback
@@ -100,6 +101,7 @@ def main(cfg: DictConfig) -> float | None:
     workdir = hydra_cfg.runtime.output_dir
     sweep = hydra_cfg.mode == RunMode.MULTIRUN
     try:
+        load_plugins()  # again in a job of its own process (a submitit launcher's): a no-op here
         check_group_choices(hydra_cfg.runtime.choices, _group_options())
         summary = run(cfg, workdir)
     except RunDirectoryError as err:
@@ -185,6 +187,42 @@ def _main_with_one_line_errors() -> None:
             raise
         print(f"error: {composition_error_message(err)}", file=sys.stderr)
         sys.exit(2)
+    except RuntimeError as err:  # raised by a submitit launcher, outside any job
+        found = None if _task_started else _launcher_error(err)
+        if found is None:
+            raise
+        message, code = found
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(code)
+
+
+def _launcher_error(err: RuntimeError) -> tuple[str, int] | None:
+    """One line and an exit status for what Hydra's submitit launcher raises; else None.
+
+    >>> _launcher_error(RuntimeError('Could not detect "srun", are you indeed on a slurm cluster?'))[1]
+    2
+    """  # noqa: E501
+    text = str(err).splitlines()[0] if str(err) else ""
+    if 'Could not detect "srun"' in text:
+        return (
+            "this launcher submits to SLURM, but srun is not found here (submitit: "
+            f"{text}); run the sweep on a SLURM login node, or use hydra/launcher=local_cluster "
+            "(submitit on this machine) or no launcher"
+        ), 2
+    if type(err).__name__ == "UncompletedJobError":  # killed, preempted or out of memory
+        where = "the same hydra.sweep.dir (the directory above .submitit/ in this line)"
+        flat = " ".join(str(err).split())
+        first = re.search(r"Job .*?\(state: [^)]*\)", flat)
+        log_file = re.search(r"Look at std(?:out|err): (\S+)", flat)
+        reason = (first.group(0) if first else flat[:200]) + (
+            f"; its log: {log_file.group(1)}" if log_file else ""
+        )
+        return (
+            f"a sweep job ended without a result, killed from outside (submitit: {reason}); "
+            f"the jobs that finished keep their results: rerun the same command with {where} "
+            "to run the others again, each from its last checkpoint"
+        ), 1
+    return None
 
 
 # Hydra's flags that take no value; argparse refuses them between two overrides.
