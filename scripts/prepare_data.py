@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 from metalearn.data.cifar_builder import CifarFs, Fc100
 from metalearn.data.fewshot_builder import load_split_arrays
 from metalearn.data.miniimagenet_builder import MiniImagenetRavi
 from metalearn.data.omniglot_builder import OmniglotVinyals
-from metalearn.data.sources import DataSourceError
+from metalearn.data.sources import DataSourceError, directory_setting_problem
 
 BUILDERS = {
     "omniglot": OmniglotVinyals,
@@ -60,11 +59,9 @@ def parse_args(argv: list[str]) -> dict[str, str]:
     if not settings.get("data"):
         raise ValueError(f"name the dataset(s) with data=; usage: {USAGE}")
     for key, advice in DIRECTORIES.items():
-        path = Path(settings.get(key) or ".").expanduser()
-        existing = next(p for p in (path, *path.parents) if p.exists())  # "/" always does
-        if not existing.is_dir():
-            where = "" if existing == path else f": {existing}"
-            raise ValueError(f"{key}={settings[key]}{where} is a file, not a directory; {advice}")
+        problem = directory_setting_problem(key, settings[key]) if settings.get(key) else None
+        if problem:
+            raise ValueError(f"{problem}; {advice}")
     unknown = [n for n in settings["data"].split(",") if n not in BUILDERS]
     if unknown:
         known = ", ".join(BUILDERS)

@@ -276,6 +276,16 @@ checkpoints.write_manifest = full_at_step_4
 """
 
 
+@pytest.mark.parametrize("key", ["data.data_dir", "data.manual_dir"])
+def test_a_data_directory_that_is_a_file_is_one_line(tmp_path, key):
+    # data_dir: a NotADirectoryError traceback; manual_dir: "does not exist", which it does.
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for value, where in [(afile, ""), (afile / "sub", f": {afile}")]:
+        result = run_cli(*OMNIGLOT_TINY, f"{key}={value}", f"hydra.run.dir={tmp_path / 'r'}")
+        error_line(result, f"omniglot_vinyals: {key}={value}{where} is a file, not a directory")
+
+
 def test_a_full_disk_is_one_line_and_the_rerun_resumes(tmp_path):
     inject = tmp_path / "inject"
     inject.mkdir()

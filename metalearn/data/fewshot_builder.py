@@ -28,7 +28,7 @@ import tensorflow_datasets as tfds
 from etils import epath
 
 from metalearn.data.class_split import ClassSplit
-from metalearn.data.sources import DataSourceError, one_line
+from metalearn.data.sources import DataSourceError, directory_setting_problem, one_line
 
 SPLITS = ("train", "val", "test")
 log = logging.getLogger("metalearn")
@@ -161,6 +161,10 @@ def load_split_arrays(
     ``~/tensorflow_datasets``). ``manual_dir`` holds manually downloaded sources; without it a
     builder with official URLs downloads them. A prepared dataset is reused as is.
     """
+    for key, value in (("data.manual_dir", manual_dir), ("data.data_dir", data_dir)):
+        problem = directory_setting_problem(key, value) if value is not None else None
+        if problem:  # data_dir: a NotADirectoryError traceback; manual_dir: "does not exist"
+            raise DataSourceError(f"{builder_cls.name}: {problem}; give a directory")
     if manual_dir is not None:
         manual_dir = os.path.expanduser(manual_dir)
         problem = "does not exist" if not os.path.isdir(manual_dir) else "is empty"

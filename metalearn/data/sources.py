@@ -18,6 +18,7 @@ import zipfile
 import zlib
 from collections.abc import Callable, Iterator
 from importlib import resources
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -59,6 +60,23 @@ def require_dir(path: str, dataset: str, how_to_get: str) -> str:
     if not os.path.isdir(path):
         raise DataSourceError(f"{dataset}: manual directory {path} does not exist; {how_to_get}")
     return path
+
+
+def directory_setting_problem(key: str, value: str) -> str | None:
+    """``"KEY=VALUE is a file, not a directory"`` (or ``... : FILE is a file ...`` for a path
+    under a file) when ``value`` cannot be a directory; else None (it may not exist yet).
+
+    >>> directory_setting_problem("data.data_dir", "/dev/null/x")
+    'data.data_dir=/dev/null/x: /dev/null is a file, not a directory'
+    >>> directory_setting_problem("data.data_dir", "/tmp") is None
+    True
+    """
+    path = Path(os.path.expanduser(value))
+    existing = next(p for p in (path, *path.parents) if p.exists())  # "/" always does
+    if existing.is_dir():
+        return None
+    where = "" if existing == path else f": {existing}"
+    return f"{key}={value}{where} is a file, not a directory"
 
 
 def corrupt(path: str, dataset: str, how_to_get: str, err: BaseException) -> DataSourceError:
