@@ -17,6 +17,7 @@ import dataclasses
 import importlib.resources
 import math
 import os
+import pathlib
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -361,8 +362,10 @@ def validate(cfg: Config) -> None:
         0 <= o.final_lr_fraction <= 1,
         f"optimizer.final_lr_fraction must be in [0, 1], got {o.final_lr_fraction}",
     )
-    _require(len(e.shots) >= 1 and min(e.shots) >= 1, f"eval.shots must be >= 1, got {e.shots}")
-    _require(len(e.steps) >= 1 and min(e.steps) >= 0, f"eval.steps must be >= 0, got {e.steps}")
+    _require(len(e.shots) >= 1, "eval.shots must be a non-empty list, got []")
+    _require(len(e.steps) >= 1, "eval.steps must be a non-empty list, got []")
+    _require(min(e.shots) >= 1, f"eval.shots must be >= 1, got {e.shots}")
+    _require(min(e.steps) >= 0, f"eval.steps must be >= 0, got {e.steps}")
     for key in ("num_tasks", "val_tasks", "tasks_per_call"):
         value = getattr(e, key)
         _require(value >= 1, f"eval.{key} must be >= 1, got {value}")
@@ -437,6 +440,13 @@ def check_writable(directory: str) -> None:
             f.write("ok")
         os.remove(probe)
     except OSError as err:
+        parents = pathlib.Path(directory).parents
+        existing = next(p for p in (directory, *parents) if os.path.exists(p))
+        if not os.path.isdir(existing):  # "File exists" / "Not a directory" said less
+            raise ValueError(
+                f"output directory {directory!r}: {existing} is a file, not a directory; choose "
+                "another hydra.run.dir or hydra.sweep.dir"
+            ) from None
         raise ValueError(
             f"output directory {directory!r} is not writable: {err.strerror}"
         ) from None

@@ -49,12 +49,18 @@ def load_run_config(run_dir: str, overrides: list[str]) -> Config:
     or half-written one, an override that is not ``key=value`` or names an unknown key.
     """
     path = os.path.join(run_dir, "config.yaml")
-    if not os.path.exists(path):
+    copy = os.path.join(run_dir, "checkpoints", "hydra", "config.yaml")
+    if not os.path.exists(path) and os.path.exists(copy):  # Hydra's, kept with the checkpoints
+        print(f"{path} not found: reading the run's Hydra config, {copy}", file=sys.stderr)
+        path = copy
+    elif not os.path.exists(path):
         raise FileNotFoundError(f"{path} not found: is {run_dir!r} a metalearn run directory?")
     try:
         saved = OmegaConf.load(path)
     except (yaml.YAMLError, OmegaConfBaseException, OSError, UnicodeDecodeError) as err:
         raise ValueError(f"{path} cannot be read ({one_line(err)}); {_REWRITE}") from None
+    if isinstance(saved, DictConfig) and OmegaConf.is_interpolation(saved, "run_name"):
+        saved.run_name = saved.get("name")  # Hydra's copy leaves it to a resolver of the run
     missing = [k for k in REQUIRED_KEYS if not isinstance(saved, DictConfig) or k not in saved]
     if missing:
         raise ValueError(f"{path} is empty or half-written (no {', '.join(missing)}); {_REWRITE}")

@@ -142,6 +142,12 @@ def load_plugins() -> list[str]:
     names = [n.strip() for n in os.environ.get(PLUGINS_VARIABLE, "").split(",") if n.strip()]
     for name in names:
         where = f"{PLUGINS_VARIABLE}={os.environ[PLUGINS_VARIABLE]}"
+        if name.endswith(".py") or "/" in name or name.startswith("."):
+            raise PluginError(
+                f"{where}: {name!r} is not a module name; name the module as Python imports it "
+                f"(my_algos for my_algos.py, mylab.algos for mylab/algos.py) and put the "
+                "directory that holds it on PYTHONPATH"
+            )
         _import_plugin(name, where, lambda name=name: importlib.import_module(name))
         imported.append(name)
     return imported
@@ -157,6 +163,8 @@ def _import_plugin(name: str, where: str, load: Callable[[], Any]) -> None:
                 "or add that directory to PYTHONPATH"
             ) from None
         raise PluginError(f"{where}: importing {name!r} failed: {_located(err)}") from None
+    except SystemExit as err:  # it exited quietly with its own status
+        raise PluginError(f"{where}: importing {name!r} called sys.exit({err.code!r})") from None
     except Exception as err:
         raise PluginError(f"{where}: importing {name!r} failed: {_located(err)}") from None
 

@@ -38,6 +38,7 @@ def plugin_dir(tmp_path):
     directory.mkdir()
     (directory / "lab_algos.py").write_text(PLUGIN)
     (directory / "broken_algos.py").write_text("import dataclasses\n\nregister(undefined)\n")
+    (directory / "exiting_algos.py").write_text("import sys\n\nsys.exit(3)\n")
     (directory / "shadowing_algos.py").write_text(PLUGIN.replace('"lab_fomaml"', '"maml"'))
     return directory
 
@@ -92,6 +93,8 @@ def test_an_unknown_option_names_the_variable(tmp_path):
     [
         ("no_such_module", ["no module named 'no_such_module' on the import path", "PYTHONPATH"]),
         ("lab_algos,broken_algos", ["importing 'broken_algos' failed: NameError", "line 3)"]),
+        ("exiting_algos", ["importing 'exiting_algos' called sys.exit(3)"]),  # exit 3, silent
+        ("lab_algos.py", ["'lab_algos.py' is not a module name", "my_algos for my_algos.py"]),
         (  # it replaced the library's maml silently
             "shadowing_algos",
             [

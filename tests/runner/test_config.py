@@ -50,6 +50,8 @@ def test_sinusoid_maml_is_the_papers_setup():
         ("trainer.meta_steps=-1", "trainer.meta_steps must be >= 0"),
         ("trainer.task_batching=magic", "trainer.task_batching must be one of"),
         ("eval.steps=[-1]", "eval.steps must be >= 0"),
+        ("eval.steps=[]", "eval.steps must be a non-empty list"),  # said "must be >= 0"
+        ("eval.shots=[]", "eval.shots must be a non-empty list"),
     ],
 )
 def test_bad_values_are_named(override, message):
@@ -108,6 +110,7 @@ def test_cli_reports_an_unwritable_output_directory(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: output directory")
     assert str(locked / "run") in lines[0]
+    assert f"{locked / 'run'} is a file, not a directory" in lines[0]  # said "File exists"
     assert "compiled" not in result.stdout + result.stderr
 
 

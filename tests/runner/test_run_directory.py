@@ -132,6 +132,16 @@ def test_unreadable_metrics_lines_are_set_aside_with_a_warning(run_copy):
     assert [json.loads(line)["step"] for line in kept][-1] == 6
 
 
+def test_evaluate_without_config_yaml_reads_the_copy_kept_with_the_checkpoints(run_copy):
+    # "config.yaml not found: is DIR a metalearn run directory?", though the copy was there.
+    (run_copy / "config.yaml").unlink()
+    copy = run_copy / "checkpoints" / "hydra" / "config.yaml"
+    result = cli("metalearn.evaluate", str(run_copy), "eval.num_tasks=2")
+    assert result.returncode == 0, result.stderr
+    assert f"not found: reading the run's Hydra config, {copy}" in result.stderr
+    assert "evaluated the best checkpoint" in result.stdout
+
+
 def test_a_shortened_run_is_refused(run_copy):
     # Accepted before: the record said 2 steps for a run of 4 (summary.json's step).
     before = snapshot(run_copy)
