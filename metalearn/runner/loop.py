@@ -403,7 +403,8 @@ def load_for_evaluation(cfg: Config, workdir: str, which: str = "best") -> tuple
             runner.loaded, runner.loaded_step = "best", int(best[1]["step"])
             return runner, best[0]
         log.warning(
-            "no best-on-validation checkpoint in %s (validation off?): the latest is used",
+            "no intact best-on-validation checkpoint in %s (validation off, or damaged and "
+            "moved aside as said above): the latest is used",
             runner.best.directory,
         )
     latest = runner.checkpoints.restore_intact(template)

@@ -218,7 +218,7 @@ def test_evaluate_without_best_names_the_latest_checkpoint(run_copy):
     shutil.rmtree(run_copy / "best")
     result = cli("metalearn.evaluate", str(run_copy), "eval.num_tasks=2")
     assert result.returncode == 0, result.stderr
-    assert "no best-on-validation checkpoint" in result.stdout + result.stderr
+    assert "no intact best-on-validation checkpoint" in result.stdout + result.stderr
     assert "evaluated the latest checkpoint (step 4)" in result.stdout
     assert not (run_copy / "eval_best.json").exists()
     records = json.loads((run_copy / "eval_latest.json").read_text())
