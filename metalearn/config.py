@@ -17,7 +17,6 @@ import dataclasses
 import importlib.resources
 import math
 import os
-import pathlib
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -33,6 +32,7 @@ import metalearn.data  # noqa: F401  (registers task distributions)
 import metalearn.models  # noqa: F401  (registers models)
 import metalearn.rl  # noqa: F401  (registers the RL task family, policy model and algorithm)
 from metalearn.config_errors import SCHEMA_SUFFIX, unknown_key_message, unknown_keys
+from metalearn.data.sources import file_in_the_way
 from metalearn.registry import ALGORITHMS, MODELS, TASKS, Registry
 
 
@@ -440,9 +440,8 @@ def check_writable(directory: str) -> None:
             f.write("ok")
         os.remove(probe)
     except OSError as err:
-        parents = pathlib.Path(directory).parents
-        existing = next(p for p in (directory, *parents) if os.path.exists(p))
-        if not os.path.isdir(existing):  # "File exists" / "Not a directory" said less
+        existing = file_in_the_way(directory)
+        if existing is not None:  # "File exists" / "Not a directory" said less
             raise ValueError(
                 f"output directory {directory!r}: {existing} is a file, not a directory; choose "
                 "another hydra.run.dir or hydra.sweep.dir"

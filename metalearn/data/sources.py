@@ -62,6 +62,18 @@ def require_dir(path: str, dataset: str, how_to_get: str) -> str:
     return path
 
 
+def file_in_the_way(directory: str | os.PathLike) -> Path | None:
+    """The file that keeps ``directory`` from being one: itself, or the nearest existing
+    ancestor when that is a file; None when it is, or can be made, a directory.
+
+    >>> file_in_the_way("/dev/null/x"), file_in_the_way("/tmp/not/yet")
+    (PosixPath('/dev/null'), None)
+    """
+    path = Path(os.path.expanduser(directory))
+    existing = next(p for p in (path, *path.parents) if p.exists())  # "/" always does
+    return None if existing.is_dir() else existing
+
+
 def directory_setting_problem(key: str, value: str) -> str | None:
     """``"KEY=VALUE is a file, not a directory"`` (or ``... : FILE is a file ...`` for a path
     under a file) when ``value`` cannot be a directory; else None (it may not exist yet).
@@ -71,11 +83,10 @@ def directory_setting_problem(key: str, value: str) -> str | None:
     >>> directory_setting_problem("data.data_dir", "/tmp") is None
     True
     """
-    path = Path(os.path.expanduser(value))
-    existing = next(p for p in (path, *path.parents) if p.exists())  # "/" always does
-    if existing.is_dir():
+    existing = file_in_the_way(value)
+    if existing is None:
         return None
-    where = "" if existing == path else f": {existing}"
+    where = "" if existing == Path(os.path.expanduser(value)) else f": {existing}"
     return f"{key}={value}{where} is a file, not a directory"
 
 

@@ -26,6 +26,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from metalearn.config import Config, to_objects
+from metalearn.data.sources import one_line
 
 RECORD = "config.json"  # under checkpoints/
 HYDRA_COPY = "hydra"  # under checkpoints/: the .hydra/ files of the run the record describes
@@ -101,21 +102,23 @@ def _stored_config(workdir: str) -> dict[str, Any] | None:
     holds some and none can be read, since a run whose config is unknown must not be resumed
     by another config."""
     record = os.path.join(workdir, "checkpoints", RECORD)
-    copies = [os.path.join(workdir, "checkpoints", HYDRA_COPY, "config.yaml")]
-    copies.append(os.path.join(workdir, "config.yaml"))
+    copies = [
+        os.path.join(workdir, "checkpoints", HYDRA_COPY, "config.yaml"),
+        os.path.join(workdir, "config.yaml"),
+    ]
     problems = []
     if os.path.exists(record):
         try:
             return _read_record(record)["config"]
         except (OSError, ValueError) as err:
-            problems.append(f"{record} ({_first_line(err)})")
+            problems.append(f"{record} ({one_line(err)})")
     for path in copies:
         if not os.path.exists(path):
             continue
         try:
             return flat_config(to_objects(OmegaConf.load(path)))
         except Exception as err:  # unreadable or not a config: try the next copy
-            problems.append(f"{path} ({_first_line(err)})")
+            problems.append(f"{path} ({one_line(err)})")
     if not problems:
         return None
     raise RunDirectoryError(
@@ -123,10 +126,6 @@ def _stored_config(workdir: str) -> dict[str, Any] | None:
         "was changed. Restore one of these files from a copy to resume it, or choose a new "
         "hydra.run.dir"
     )
-
-
-def _first_line(err: BaseException) -> str:
-    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
 
 def no_space_message(err: BaseException, workdir: str) -> str | None:
