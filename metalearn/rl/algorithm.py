@@ -42,6 +42,11 @@ from metalearn.rl.rollout import episode_returns
 from metalearn.rl.trpo import TRPOConfig
 
 OUTER_STEPS = ("trpo", "ppo")
+# The settings each outer step reads (PPO's step size is optimizer.lr).
+OUTER_STEP_KEYS = {
+    "trpo": ("max_kl", "cg_iters", "cg_damping", "backtrack_ratio", "max_backtracks"),
+    "ppo": ("ppo_clip", "ppo_epochs"),
+}
 
 
 @dataclasses.dataclass
@@ -94,13 +99,6 @@ def check_config(c: MAMLRLAlgorithmConfig) -> None:
                 f"algorithm.outer={c.outer}: set algorithm.outer={outer}, or leave {key} at "
                 f"{getattr(defaults, key)}"
             )
-
-
-# The settings each outer step reads (PPO's step size is optimizer.lr).
-OUTER_STEP_KEYS = {
-    "trpo": ("max_kl", "cg_iters", "cg_damping", "backtrack_ratio", "max_backtracks"),
-    "ppo": ("ppo_clip", "ppo_epochs"),
-}
 
 
 def meta_rl_config(c: MAMLRLAlgorithmConfig, inner: InnerConfig) -> MAMLRLConfig:

@@ -209,9 +209,9 @@ def record_config(cfg: Config, workdir: str, changed: dict[str, tuple[Any, Any]]
     if os.path.exists(path):
         with contextlib.suppress(OSError, ValueError):  # a damaged record: its history is lost
             history = list(_read_record(path).get("changes", []))
-    if os.path.exists(path) and changed:
-        steps = saved_steps(workdir)
-        history.append({"from_step": max(steps) if steps else 0, "changed": changed})
+        if changed:
+            steps = saved_steps(workdir)
+            history.append({"from_step": max(steps) if steps else 0, "changed": changed})
     flat = flat_config(cfg)
     record = {"fingerprint": fingerprint(flat), "config": flat, "changes": history}
     with open(path + ".tmp", "w") as f:

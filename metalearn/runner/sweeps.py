@@ -60,11 +60,10 @@ def read_status(job_dir: Path) -> dict | None:
     return record
 
 
-def _launched_since(job: Path, since: float) -> bool:
-    """Whether this sweep ran ``job``: it recorded how it ended, or Hydra wrote its ``.hydra/``
-    files (a job killed before recording), after ``since``. (Hydra rewrites those files in
-    place on a rerun, so the directory's own time does not tell.)"""
-    status = read_status(job)
+def _launched_since(job: Path, status: dict | None, since: float) -> bool:
+    """Whether this sweep ran ``job``: it recorded how it ended (``status``), or Hydra wrote its
+    ``.hydra/`` files (a job killed before recording), after ``since``. (Hydra rewrites those
+    files in place on a rerun, so the directory's own time does not tell.)"""
     if status is not None and float(status.get("time", 0.0)) >= since:
         return True
     return any(f.stat().st_mtime >= since for f in (job / ".hydra").glob("*.yaml"))
@@ -72,11 +71,12 @@ def _launched_since(job: Path, since: float) -> bool:
 
 def summarize(sweep_dir: Path, since: float = 0.0) -> tuple[list[str], bool]:
     """Summary lines for the jobs under ``sweep_dir`` run after ``since``; any failure?"""
-    job_dirs = (p.parent for p in sweep_dir.rglob(".hydra") if p.is_dir())
-    jobs = sorted(job for job in job_dirs if _launched_since(job, since))
+    job_dirs = sorted(p.parent for p in sweep_dir.rglob(".hydra") if p.is_dir())
+    statuses = {job: read_status(job) for job in job_dirs}
+    jobs = [job for job in job_dirs if _launched_since(job, statuses[job], since)]
     failed = []
     for job in jobs:
-        status = read_status(job)
+        status = statuses[job]
         if status is None:
             failed.append(f"  {job.name}: no status.json (the job did not finish)")
         elif status["status"] != "ok":
