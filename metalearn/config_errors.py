@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
+import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +23,24 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationErr
 from metalearn.registry import PLUGINS_VARIABLE as PLUGINS
 
 SCHEMA_SUFFIX = "_schema"  # ConfigStore entries that hold a group's schema, not an option
+
+
+def quoted_override(key: str, value: str) -> str:
+    """``key=value`` as one shell word that Hydra's override grammar parses back to ``value``.
+
+    Hydra reads an unquoted ``=``, ``,`` or space in a value as syntax, and run directories are
+    named after the overrides (``outputs/sinusoid_maml-algorithm=fomaml/...``, sweep jobs
+    ``0_seed=0,trainer.meta_steps=20000``): such a value is quoted for Hydra, then for the shell.
+
+    >>> quoted_override("hydra.run.dir", "/runs/sinusoid_maml/2026-11-25_10-00-00")
+    'hydra.run.dir=/runs/sinusoid_maml/2026-11-25_10-00-00'
+    >>> print(quoted_override("hydra.run.dir", "/runs/sinusoid_maml-algorithm=fomaml/10-00-00"))
+    'hydra.run.dir="/runs/sinusoid_maml-algorithm=fomaml/10-00-00"'
+    """
+    if re.fullmatch(r"[A-Za-z0-9_./:+@%-]+", value):
+        return f"{key}={value}"
+    quote = "'" if '"' in value else '"'
+    return shlex.quote(f"{key}={quote}{value}{quote}")
 
 
 def unknown_key_message(full_key: str, schema: type) -> str:
@@ -77,18 +97,31 @@ def composition_error_message(err: BaseException) -> str:
     ...     "Could not find 'algorithm/mamll'", "algorithm/mamll", ["maml", "maml_schema"]))
     >>> message.removesuffix(" (one of your own: name the module that registers it in "
     ...                      "METALEARN_PLUGINS)")
-    'algorithm=mamll is not an option; use one of: maml'
+    'algorithm=mamll is not an option (did you mean maml?); use one of: maml'
     """
     cause = err.__cause__
     if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options:
         group, _, name = err.missing_cfg_file.rpartition("/")
-        options = [o for o in err.options if not o.endswith(SCHEMA_SUFFIX)]
-        message = f"{group or 'config'}={name} is not an option; use one of: {', '.join(options)}"
+        options = [
+            o
+            for o in err.options
+            if not o.endswith(SCHEMA_SUFFIX)  # ConfigStore's schema entries
+            and not (group == "experiment" and o.startswith("base_"))  # shared by experiments
+        ]
+        close = difflib.get_close_matches(name, options, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        message = (
+            f"{group or 'config'}={name} is not an option{hint}; use one of: {', '.join(options)}"
+        )
         if group in ("algorithm", "model", "data"):  # the groups a researcher's module adds to
             message += f" (one of your own: name the module that registers it in {PLUGINS})"
         return message
     if isinstance(err, OverrideParseException):
-        return f"cannot parse the override {err.override!r}: {_lines(err.message)}"
+        message = f"cannot parse the override {err.override!r}: {_lines(err.message)}"
+        key, _, value = err.override.partition("=")
+        if "mismatched input '='" in err.message and not value.startswith(("'", '"')):
+            message += f"; a value holding '=' needs quotes: {quoted_override(key, value)}"
+        return message
     key_error = err if isinstance(err, _KEY_ERRORS) else cause
     if isinstance(key_error, _KEY_ERRORS) and _is_schema(key_error.object_type):
         return unknown_key_message(str(key_error.full_key), key_error.object_type)

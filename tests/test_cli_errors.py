@@ -140,6 +140,8 @@ def test_schema_entries_are_not_group_options(tmp_path):
         (["algorithm=mamll"], ["algorithm=mamll is not an option", "use one of: anil, "]),
         (["seed=0,1"], ["Ambiguous value", "--multirun"]),
         (["seed=[1,2"], ["cannot parse the override 'seed=[1,2'"]),
+        # A run directory named after an override: the hint says how to quote it.
+        (["hydra.run.dir=runs/a=b"], ["needs quotes: 'hydra.run.dir=\"runs/a=b\"'"]),
         (["-m", "optimizer.lr=0.001,fast"], ["optimizer.lr=fast", "converted to Float"]),
         (["--foo"], ["unrecognized arguments: --foo", "usage: python -m metalearn.train"]),
     ],
@@ -157,7 +159,8 @@ def test_a_command_line_hydra_cannot_compose_is_one_line(tmp_path, overrides, fr
 
 def test_an_unknown_experiment_or_rl_key_is_one_line(tmp_path):
     result = run_cli("+experiment=sinusoid_mam", f"hydra.run.dir={tmp_path}")
-    error_line(result, "experiment=sinusoid_mam is not an option", "sinusoid_maml, ")
+    line = error_line(result, "sinusoid_mam is not an option (did you mean sinusoid_maml?)")
+    assert "sinusoid_maml, " in line and "base_" not in line  # base_*: shared parts, not runs
     result = run_cli(*RL_TINY, "model.hidden=[4]", f"hydra.run.dir={tmp_path}")
     error_line(result, "model.hidden is not a setting of model (GaussianMLPConfig", "hidden_sizes?")
 
@@ -295,7 +298,7 @@ def test_a_full_disk_is_one_line_and_the_rerun_resumes(tmp_path):
     error_line(
         result,
         f"no space left on the device that holds {run_dir} ([Errno 28] No space left on device)",
-        f"rerun with hydra.run.dir={run_dir} to resume",
+        f"rerun the same command with hydra.run.dir={run_dir} to resume",
     )
     result = run_cli(*TINY, f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, result.stderr[-3000:]

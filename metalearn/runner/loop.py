@@ -29,7 +29,7 @@ from metalearn.runner.experiment import (
     lapack_device_warning,
 )
 from metalearn.runner.reporting import MetricsWriter, Progress, timed_rate
-from metalearn.runner.rundir import check_rerun, record_config, saved_steps
+from metalearn.runner.rundir import check_rerun, record_config, resume_hint, saved_steps
 from metalearn.runner.signals import Interrupted, StopRequest
 from metalearn.runner.steps import (
     all_finite,
@@ -204,13 +204,7 @@ def train_and_evaluate(cfg: Config, workdir: str) -> dict:
             saved = (
                 f"the checkpoint of step {max(steps)} is saved" if steps else "nothing is saved yet"
             )
-            log.warning(
-                "%s during %s: %s; rerun with hydra.run.dir=%s to resume",
-                err,
-                stop.phase,
-                saved,
-                workdir,
-            )
+            log.warning("%s during %s: %s; %s", err, stop.phase, saved, resume_hint(workdir))
             return {"interrupted": True, "step": max(steps, default=0), "signal": err.signum}
 
 
@@ -280,11 +274,10 @@ def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
             if stop.requested:  # the signal may land after the last check inside the loop
                 runner.save(state, best_score)
                 log.warning(
-                    "stopped at step %d; checkpoint saved in %s; rerun with "
-                    "hydra.run.dir=%s to resume",
+                    "stopped at step %d; checkpoint saved in %s; %s",
                     step,
                     runner.checkpoints.directory,
-                    runner.workdir,
+                    resume_hint(runner.workdir),
                 )
                 return {"interrupted": True, "step": step, "signal": stop.signum}
         train_seconds = time.perf_counter() - start_time

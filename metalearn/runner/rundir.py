@@ -22,10 +22,13 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from metalearn.config import Config, to_objects
+from metalearn.config_errors import quoted_override
 from metalearn.data.sources import one_line
 
 RECORD = "config.json"  # under checkpoints/
@@ -128,12 +131,25 @@ def _stored_config(workdir: str) -> dict[str, Any] | None:
     )
 
 
+def resume_hint(workdir: str) -> str:
+    """What to rerun to resume the run in ``workdir``: the same command with its directory, or,
+    for a job of a Hydra sweep (``-m``), the same sweep command with the sweep's directory
+    (each job resumes from its last checkpoint; a finished job is not trained again)."""
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        sweep_dir = os.path.abspath(str(HydraConfig.get().sweep.dir))
+        return (
+            f"rerun the same sweep command with {quoted_override('hydra.sweep.dir', sweep_dir)} "
+            "to resume its jobs"
+        )
+    return f"rerun the same command with {quoted_override('hydra.run.dir', workdir)} to resume"
+
+
 def no_space_message(err: BaseException, workdir: str) -> str | None:
     """One line when ``err`` (or an exception it was raised from or while handling) is a full
     disk, ENOSPC; else None. Orbax and TensorBoard report it from their own threads, wrapped.
 
     >>> no_space_message(RuntimeError("save failed: [Errno 28] No space left on device"), "R")
-    'no space left on the device that holds R (save failed: [Errno 28] No space left on device); free space there, then rerun with hydra.run.dir=R to resume from its last checkpoint (checkpoints are saved whole or not at all)'
+    'no space left on the device that holds R (save failed: [Errno 28] No space left on device); free space there, then rerun the same command with hydra.run.dir=R to resume (from the last checkpoint: checkpoints are saved whole or not at all)'
     >>> no_space_message(ValueError("shapes do not match"), "R") is None
     True
     """  # noqa: E501
@@ -147,8 +163,8 @@ def no_space_message(err: BaseException, workdir: str) -> str | None:
             reason = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
             return (
                 f"no space left on the device that holds {workdir} ({reason}); free space "
-                f"there, then rerun with hydra.run.dir={workdir} to resume from its last "
-                "checkpoint (checkpoints are saved whole or not at all)"
+                f"there, then {resume_hint(workdir)} (from the last checkpoint: checkpoints "
+                "are saved whole or not at all)"
             )
         todo += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
     return None

@@ -2,6 +2,7 @@
 
 import json
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -23,13 +24,15 @@ SLOW_EVAL = [
 ]
 
 
-def start(run_dir: Path, *overrides: str) -> subprocess.Popen:
+def start(run_dir: Path | None, *overrides: str, cwd: Path = ROOT) -> subprocess.Popen:
+    """The tiny sinusoid run in ``run_dir`` (None: Hydra's default, under ``cwd``)."""
+    where = [f"hydra.run.dir={run_dir}"] if run_dir is not None else []
     return subprocess.Popen(
-        [sys.executable, "-m", "metalearn.train", *TINY, f"hydra.run.dir={run_dir}", *overrides],
+        [sys.executable, "-m", "metalearn.train", *TINY, *where, *overrides],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        cwd=ROOT,
+        cwd=cwd,
         env=checkout_env(),
     )
 
@@ -68,7 +71,8 @@ def test_signal_anywhere_says_what_was_saved_and_resumes(tmp_path, signum, marke
     output = signal_when(proc, marker, signum)
     assert proc.returncode == 128 + signum, output
     assert "Traceback" not in output, output
-    stop_lines = [line for line in output.splitlines() if "rerun with hydra.run.dir=" in line]
+    hint = "rerun the same command with hydra.run.dir="
+    stop_lines = [line for line in output.splitlines() if hint in line]
     assert len(stop_lines) == 1, output
     if "|" not in phase:
         assert f"interrupted by {signal.Signals(signum).name} during {phase}" in stop_lines[0]
@@ -83,6 +87,49 @@ def test_signal_anywhere_says_what_was_saved_and_resumes(tmp_path, signum, marke
     keys = metrics_keys(run_dir)
     assert sorted(keys) == sorted(set(keys)) == [(2, "train"), (4, "train"), (4, "val")]
     assert len(json.loads((run_dir / "eval.json").read_text())) == 3 * 2
+
+
+def hinted_override(output: str, command: str) -> str:
+    """The override the stop line tells the user to rerun ``command`` with, as the shell reads
+    it; exactly one such line."""
+    hints = re.findall(rf"rerun the same {command} with (.+) to resume", output)
+    assert len(hints) == 1, output
+    words = shlex.split(hints[0])
+    assert len(words) == 1, hints[0]
+    return words[0]
+
+
+def test_the_resume_hint_resumes_a_run_named_after_its_overrides(tmp_path):
+    # Hydra names the directory outputs/sinusoid_maml-debug=tiny/<time>; the hint printed it
+    # bare, and "hydra.run.dir=.../sinusoid_maml-debug=tiny/..." does not parse ("mismatched
+    # input '='"), so the advertised command failed for every run named after an override.
+    proc = start(None, *SLOW_EVAL, cwd=tmp_path)
+    output = signal_when(proc, "final evaluation on 1500 test tasks", signal.SIGINT)
+    assert proc.returncode == 130, output
+    override = hinted_override(output, "command")
+    [run_dir] = (tmp_path / "outputs").glob("*/*")
+    assert "=" in run_dir.parent.name and override.endswith(f'"{run_dir}"'), override
+    resumed = start(None, *SLOW_EVAL, override, cwd=tmp_path)
+    out, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0 and "resumed from step 4" in out, out
+    assert (run_dir / "eval.json").exists()
+    assert len(list((tmp_path / "outputs").glob("*/*"))) == 1  # resumed there, not anew
+
+
+def test_a_stopped_sweep_job_names_the_sweep_directory_to_rerun(tmp_path):
+    # A sweep job's hint named its own directory with hydra.run.dir, which runs that one job
+    # outside the sweep (and did not parse: "0_seed=0,..."); the sweep's directory resumes all.
+    sweep = ["-m", *SLOW_EVAL, "seed=0,1"]
+    proc = start(None, *sweep, cwd=tmp_path)
+    output = signal_when(proc, "final evaluation on 1500 test tasks", signal.SIGINT)
+    assert proc.returncode == 130, output
+    override = hinted_override(output, "sweep command")
+    [sweep_dir] = (tmp_path / "multirun").glob("*/*")
+    assert override == f"hydra.sweep.dir={sweep_dir}", override
+    resumed = start(None, *sweep, override, cwd=tmp_path)
+    out, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0 and "resumed from step 4" in out, out
+    assert sorted(p.name for p in sweep_dir.glob("*/eval.json")) == ["eval.json"] * 2
 
 
 def test_sweep_runs_every_job_and_summarises_failures(tmp_path):
