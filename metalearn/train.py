@@ -8,6 +8,7 @@ resumes from its latest checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -35,7 +36,6 @@ from metalearn.config import (
 from metalearn.config_errors import composition_error_message
 from metalearn.data.sources import DataSourceError
 from metalearn.registry import PluginError, load_plugins
-from metalearn.runner.checkpoints import CheckpointMismatchError
 from metalearn.runner.compilation_cache import enable_compilation_cache
 from metalearn.runner.cpu_backend import schedule_lapack_calls_serially, start_cpu_devices
 from metalearn.runner.devices import initialize_distributed, out_of_memory_message
@@ -44,7 +44,7 @@ from metalearn.runner.loop import NonFiniteError, prepare_run_directory, train_a
 from metalearn.runner.rundir import (
     RunDirectoryError,
     no_space_message,
-    record_kept_on,
+    record_kept_unless_trained,
     restore_hydra_files,
 )
 from metalearn.runner.sweeps import record_job
@@ -82,7 +82,7 @@ def run(cfg: DictConfig, workdir: str) -> dict:
     check_writable(workdir)
     d = config.distributed
     initialize_distributed(d.enabled, d.coordinator_address, d.num_processes, d.process_id)
-    with record_kept_on(CheckpointMismatchError, workdir):
+    with record_kept_unless_trained(workdir):
         prepare_run_directory(config, workdir)
         path = os.path.join(workdir, "config.yaml")
         partial = f"{path}.{os.getpid()}.tmp"  # never a half-written config.yaml (one per host)
@@ -105,11 +105,13 @@ def main(cfg: DictConfig) -> float | None:
         check_group_choices(hydra_cfg.runtime.choices, _group_options())
         summary = run(cfg, workdir)
     except RunDirectoryError as err:
-        restore_hydra_files(workdir)  # Hydra rewrote .hydra/ before a sweep job could check
+        _keep_run_record(workdir)
         return _failed(workdir, sweep, f"error: {err}", 2, status="refused")
     except (ValueError, FileNotFoundError, NonFiniteError, DataSourceError) as err:
+        _keep_run_record(workdir)
         return _failed(workdir, sweep, f"error: {err}", 2)
     except Exception as err:
+        _keep_run_record(workdir)
         out_of_memory = out_of_memory_message(err)
         if out_of_memory:
             return _failed(workdir, sweep, f"error: {out_of_memory}", 2)
@@ -128,6 +130,15 @@ def main(cfg: DictConfig) -> float | None:
     if sweep:
         record_job(workdir, "ok")
     return summary["best_val_score"]
+
+
+def _keep_run_record(workdir: str) -> None:
+    """Put back the ``.hydra/`` files of the run ``workdir`` holds, if any: Hydra rewrote them
+    with this command line before the job could check it, and a refused value (or a crash
+    before the config was recorded) must not change what the directory says its run was
+    (``collect_sweep`` reads them). A run this command recorded is left as it is."""
+    with contextlib.suppress(OSError):  # e.g. a full disk: the error's own line matters more
+        restore_hydra_files(workdir)
 
 
 def _failed(

@@ -239,13 +239,17 @@ def record_config(cfg: Config, workdir: str, changed: dict[str, tuple[Any, Any]]
 
 
 @contextlib.contextmanager
-def record_kept_on(error: type[BaseException], workdir: str) -> Iterator[None]:
-    """Put the run's recorded config back if ``error`` is raised inside.
+def record_kept_unless_trained(workdir: str) -> Iterator[None]:
+    """Put the run's recorded config back if the code inside raises before saving a checkpoint.
 
-    An allowed change is recorded before the checkpoint is restored; if the restore then refuses
-    it (:class:`~metalearn.runner.checkpoints.CheckpointMismatchError`), ``config.yaml``,
-    ``checkpoints/config.json`` and the Hydra files are put back as they were, so a rerun with
-    the run's own settings resumes without ``trainer.allow_changes``.
+    The config of a rerun is recorded (``config.yaml``, ``checkpoints/config.json``, the Hydra
+    files) before the checkpoint is restored and the experiment is built. If anything then
+    refuses it before a new checkpoint is saved (the restore finds other shapes,
+    :class:`~metalearn.runner.checkpoints.CheckpointMismatchError`; a value an algorithm
+    refuses, ``algorithm.inner_lr=-0.01`` allowed by ``trainer.allow_changes``), the record is
+    put back as it was: it describes the checkpoints in the directory, and a rerun with the
+    run's own settings resumes without ``trainer.allow_changes``. Once a checkpoint of the new
+    config is saved, the new record stays.
     """
     files = [os.path.join(workdir, "config.yaml"), os.path.join(workdir, "checkpoints", RECORD)]
     saved = {}
@@ -253,21 +257,23 @@ def record_kept_on(error: type[BaseException], workdir: str) -> Iterator[None]:
         if os.path.exists(path):
             with open(path, "rb") as f:
                 saved[path] = f.read()
+    steps_before = set(saved_steps(workdir))
     hydra_copy = os.path.join(workdir, "checkpoints", HYDRA_COPY)
     backup = tempfile.mkdtemp(prefix="metalearn-hydra-")
     if os.path.isdir(hydra_copy):
         shutil.copytree(hydra_copy, backup, dirs_exist_ok=True)
     try:
         yield
-    except error:
-        for path, content in saved.items():
-            with open(path + ".tmp", "wb") as f:
-                f.write(content)
-            os.replace(path + ".tmp", path)
-        if os.path.isdir(hydra_copy):
-            shutil.rmtree(hydra_copy)
-            shutil.copytree(backup, hydra_copy)
-            restore_hydra_files(workdir)
+    except Exception:
+        if not set(saved_steps(workdir)) - steps_before:
+            for path, content in saved.items():
+                with open(path + ".tmp", "wb") as f:
+                    f.write(content)
+                os.replace(path + ".tmp", path)
+            if os.path.isdir(hydra_copy):
+                shutil.rmtree(hydra_copy)
+                shutil.copytree(backup, hydra_copy)
+                restore_hydra_files(workdir)
         raise
     finally:
         shutil.rmtree(backup, ignore_errors=True)

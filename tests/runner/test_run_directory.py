@@ -101,6 +101,28 @@ def test_rerun_with_another_config_is_refused_before_anything_is_written(run_cop
     assert "evaluated the best checkpoint (step" in evaluated.stdout
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["trainer.meta_steps=-1"],
+        ["optimizer.lr=-1"],
+        # allowed by trainer.allow_changes and recorded, then refused when the algorithm is built
+        ["algorithm.inner_lr=-0.01", "trainer.allow_changes=[algorithm.inner_lr]"],
+    ],
+    ids=["meta_steps", "lr", "allowed-inner_lr"],
+)
+def test_a_refused_value_leaves_the_run_directory_as_it_was(run_copy, overrides):
+    # Hydra rewrote .hydra/ with the refused command line before the task checked it, so the
+    # directory said its run had trainer.meta_steps=-1 (and collect_sweep tabulated its results
+    # under it); an allowed change the algorithm then refused stayed in config.yaml and the
+    # record, and the next plain rerun was refused for differing from it.
+    before = snapshot(run_copy)
+    one_line_error(train(run_copy, *overrides), "must be")
+    assert snapshot(run_copy) == before
+    resumed = train(run_copy)
+    assert resumed.returncode == 0, resumed.stderr
+
+
 def test_an_allowed_change_resumes_and_is_recorded(run_copy):
     refused = train(run_copy, "trainer.meta_steps=6")
     one_line_error(
