@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
 import sys
 import time
+import uuid
 
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
@@ -21,6 +23,12 @@ class MetricsWriter:
     (step, split) already in the file replaces it (the final validation of a run interrupted
     during its test evaluation is redone), so the file always describes one consistent run.
     Unreadable lines are moved to ``metrics.jsonl.unreadable``, with a warning.
+
+    ``tensorboard/`` holds the same scalars as ``metrics.jsonl``, whatever stopped the run
+    before: each record is flushed as it is written, and when the run starts or a record is
+    replaced the events are written again from ``metrics.jsonl`` into a new file, the earlier
+    event files removed. (TensorBoard's own ``purge_step`` cannot do it: a run killed with
+    SIGKILL left an empty event file, and the scalars up to its checkpoint were lost.)
     """
 
     def __init__(self, workdir: str, resume_step: int = 0, enabled: bool = True):
@@ -36,12 +44,9 @@ class MetricsWriter:
             kept = [line for line in lines if _line_key(line)[0] <= resume_step]
         self._keys = {_line_key(line) for line in kept}
         self._rewrite(kept)
-        # Imported here: tensorboardX imports torch when it is installed (about 1 s), which
-        # commands that never write metrics (evaluate, a config error) should not pay.
-        from tensorboardX import SummaryWriter
-
-        purge = resume_step + 1 if resume_step else None  # TB drops its events after the step
-        self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=purge)
+        self._tb_dir = os.path.join(workdir, "tensorboard")
+        self._tb = None
+        self._rewrite_tensorboard(kept)
 
     def _set_aside_unreadable(self, lines: list[str]) -> None:
         """Append unreadable lines to ``metrics.jsonl.unreadable`` and say so; a half-written
@@ -79,10 +84,16 @@ class MetricsWriter:
         if key in self._keys:  # redone after a resume: replace the earlier record
             self._file.close()
             with open(self.path) as f:
-                self._rewrite([line for line in f if _line_key(line) != key])
+                kept = [line for line in f if _line_key(line) != key]
+            self._rewrite(kept)
+            self._rewrite_tensorboard(kept)
         self._keys.add(key)
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
+        self._add_scalars(record)
+        self._tb.flush()
+
+    def _add_scalars(self, record: dict) -> None:
         step = record["step"]
         for name, value in record.items():
             if isinstance(value, (int, float)) and name != "step":
@@ -92,10 +103,52 @@ class MetricsWriter:
             mean = entry["mean"]  # None when every task is non-finite: NaN in TensorBoard
             self._tb.add_scalar(tag, float("nan") if mean is None else mean, step)
 
+    def _rewrite_tensorboard(self, lines: list[str]) -> None:
+        """Write the records of ``lines`` to a new event file, then remove the earlier ones."""
+        if self._tb is not None:
+            self._tb.close()
+        earlier = glob.glob(os.path.join(glob.escape(self._tb_dir), "events.out.tfevents.*"))
+        self._tb = _EventFile(self._tb_dir)
+        for line in lines:
+            self._add_scalars(json.loads(line))
+        self._tb.flush()
+        for path in earlier:
+            os.remove(path)
+
     def close(self) -> None:
         if self.enabled:
             self._file.close()
             self._tb.close()
+
+
+class _EventFile:
+    """A TensorBoard event file written as it is called: tensorboardX's ``SummaryWriter``
+    writes from a thread that its ``flush`` does not wait for, so SIGKILL lost what it held."""
+
+    def __init__(self, directory: str):
+        # Imported here: tensorboardX imports torch when it is installed (about 1 s), which
+        # commands that never write metrics (evaluate, a config error) should not pay.
+        from tensorboardX.event_file_writer import EventsWriter
+
+        os.makedirs(directory, exist_ok=True)
+        # A name of its own: tensorboardX names files by the second, and two files opened within
+        # one second would be one (the second truncating the first).
+        suffix = f".{uuid.uuid4().hex[:12]}"
+        self._writer = EventsWriter(os.path.join(directory, "events"), suffix)
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.summary import scalar
+
+        self._writer.write_event(
+            Event(wall_time=time.time(), step=step, summary=scalar(tag, value))
+        )
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
 
 
 def _line_key(line: str) -> tuple[int, str | None]:

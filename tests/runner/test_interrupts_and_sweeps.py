@@ -4,11 +4,13 @@ import json
 import re
 import shlex
 import signal
+import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.cli import checkout_env, run_cli, run_script
@@ -130,6 +132,69 @@ def test_a_stopped_sweep_job_names_the_sweep_directory_to_rerun(tmp_path):
     out, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0 and "resumed from step 4" in out, out
     assert sorted(p.name for p in sweep_dir.glob("*/eval.json")) == ["eval.json"] * 2
+
+
+def tensorboard_scalars(run_dir: Path) -> list[tuple[str, int, float]]:
+    """Every scalar of the run's TensorBoard event files (TFRecord framing read by hand)."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    found = []
+    for path in (run_dir / "tensorboard").glob("events.out.tfevents.*"):
+        data, at = path.read_bytes(), 0
+        while at + 12 <= len(data):  # length (8 bytes), its CRC (4), payload, payload CRC (4)
+            (length,) = struct.unpack("<Q", data[at : at + 8])
+            event = Event.FromString(data[at + 12 : at + 12 + length])
+            at += 12 + length + 4
+            found += [(v.tag, event.step, v.simple_value) for v in event.summary.value]
+    return sorted(found)
+
+
+def metrics_scalars(run_dir: Path) -> list[tuple[str, int, float]]:
+    """The scalars metrics.jsonl holds, named as the README says TensorBoard shows them."""
+    found = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        step = record["step"]
+        found += [
+            (name, step, float(np.float32(value)))
+            for name, value in record.items()
+            if name != "step" and isinstance(value, (int, float))
+        ]
+        found += [
+            (f"{record['split']}/{e['metric']}/shots{e['shots']}_steps{e['steps']}", step,
+             float(np.float32(e["mean"])))
+            for e in record.get("eval", [])
+        ]  # fmt: skip
+    return sorted(found)
+
+
+def test_tensorboard_holds_what_metrics_jsonl_holds_after_a_kill_and_reruns(tmp_path):
+    # SIGKILL left an empty event file (tensorboardX flushes every 2 minutes), and the resumed
+    # writer's purge_step dropped everything up to the checkpoint: TensorBoard showed steps
+    # 110-300 of a run whose metrics.jsonl had 10-300. A rerun of the finished run added a
+    # second copy of the final validation.
+    run_dir = tmp_path / "run"
+    slow_validation = [
+        "trainer.meta_steps=300",
+        "trainer.log_every=10",
+        "trainer.eval_every=100",
+        "trainer.checkpoint_every=100",
+        "eval.val_tasks=1500",
+        "eval.tasks_per_call=1",
+    ]
+    proc = start(run_dir, *slow_validation)
+    output = signal_when(proc, "validation on 1500 tasks at step 200", signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL, output
+    logged = metrics_scalars(run_dir)
+    assert ("train/mse", 200) in {(tag, step) for tag, step, _ in logged}
+    assert tensorboard_scalars(run_dir) == logged  # flushed as written
+    for _ in range(2):  # resume from step 100; then rerun the finished run
+        out, _ = start(run_dir, *slow_validation).communicate(timeout=300)
+        assert "Traceback" not in out and (run_dir / "eval.json").exists(), out
+        scalars = tensorboard_scalars(run_dir)
+        assert scalars == metrics_scalars(run_dir)
+        assert len({(tag, step) for tag, step, _ in scalars}) == len(scalars)  # no duplicates
+        assert {step for tag, step, _ in scalars if tag == "train/mse"} == set(range(10, 301, 10))
 
 
 def test_sweep_runs_every_job_and_summarises_failures(tmp_path):
