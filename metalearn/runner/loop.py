@@ -145,11 +145,16 @@ class Runner:
             on_chunk=on_chunk,
         )
 
-    def save(self, state, best_score: float) -> None:
+    def save(self, state, best_score: float, unlogged: list[tuple[int, dict]] = ()) -> None:
+        """Checkpoint ``state``, with the training metrics of the steps since the last log line
+        (``unlogged``), so that a resumed run logs the same averages as an uninterrupted one."""
         step, started = int(state.step), time.perf_counter()
         if not bool(all_finite(state.meta_params)):
             raise self.non_finite(step, "parameters")
-        self.checkpoints.save(step, state, {"step": step, "best_score": _json_float(best_score)})
+        metadata = {"step": step, "best_score": _json_float(best_score)}
+        if unlogged:
+            metadata[UNLOGGED] = {"steps": sum(n for n, _ in unlogged), "mean": _average(unlogged)}
+        self.checkpoints.save(step, state, metadata)
         self.pause_seconds += time.perf_counter() - started
 
     def non_finite(self, step: int, what: str) -> NonFiniteError:
@@ -170,6 +175,11 @@ class Runner:
     def close(self) -> None:
         self.checkpoints.close()
         self.best.close()
+
+
+# Checkpoint metadata key: the step count and mean training metrics of the steps since the last
+# log line, which the next log line averages in.
+UNLOGGED = "unlogged_train_metrics"
 
 
 def _json_float(x: float) -> float | None:
@@ -222,20 +232,24 @@ def prepare_run_directory(cfg: Config, workdir: str) -> None:
 
 
 def _restore(runner: Runner):
-    state, best_score = runner.initial_state, -math.inf
+    """``(state, best score, unlogged training metrics)`` of the latest intact checkpoint, or
+    of the initialisation."""
+    state, best_score, unlogged = runner.initial_state, -math.inf, []
     restored = runner.checkpoints.restore_intact(state) if runner.cfg.trainer.resume else None
     if restored is not None:
         state, metadata = restored
         if metadata.get("best_score") is not None:
             best_score = float(metadata["best_score"])
+        if metadata.get(UNLOGGED):  # absent in checkpoints of older versions
+            unlogged = [(int(metadata[UNLOGGED]["steps"]), dict(metadata[UNLOGGED]["mean"]))]
         log.info("resumed from step %d (%s)", int(state.step), runner.checkpoints.directory)
-    return state, best_score
+    return state, best_score, unlogged
 
 
 def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
     cfg, t = runner.cfg, runner.cfg.trainer
     stop.phase = "the restore of the checkpoint"
-    state, best_score = _restore(runner)
+    state, best_score, pending = _restore(runner)
     stop.phase = "start-up"  # opening the metrics writer (it imports tensorboardX) and the bar
     step = start_step = int(state.step)
     log.info(
@@ -253,7 +267,7 @@ def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
         log.warning(warning)
     writer = MetricsWriter(runner.workdir, resume_step=step, enabled=is_primary_host())
     progress = Progress(t.meta_steps, step, t.progress_bar)
-    start_time, pending, in_flight = time.perf_counter(), [], InFlight()
+    start_time, in_flight = time.perf_counter(), InFlight()
     try:
         stop.phase = "training"
         with stop.deferred():
@@ -270,9 +284,9 @@ def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
                 if t.eval_every and step % t.eval_every == 0 and step < t.meta_steps:
                     best_score = _validate(runner, writer, state, best_score)
                 if step % t.checkpoint_every == 0 or step == t.meta_steps:
-                    runner.save(state, best_score)
+                    runner.save(state, best_score, pending)
             if stop.requested:  # the signal may land after the last check inside the loop
-                runner.save(state, best_score)
+                runner.save(state, best_score, pending)
                 log.warning(
                     "stopped at step %d; checkpoint saved in %s; %s",
                     step,

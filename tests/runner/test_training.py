@@ -160,6 +160,55 @@ def test_signal_saves_a_usable_checkpoint_and_resume_matches(tmp_path, signum):
         np.testing.assert_array_equal(x, y)
 
 
+def train_records(run_dir) -> list[tuple[int, float]]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    return [(r["step"], r["train/mse"]) for r in records if r["split"] == "train"]
+
+
+def test_a_resumed_run_logs_the_averages_of_an_uninterrupted_one(tmp_path):
+    # The steps between the last log line and a stop were left out of the next average: stopped
+    # at step 8900 and resumed, the record of step 9000 averaged steps 8901-9000 only (train/mse
+    # 0.5550 against 0.5694 uninterrupted). Here one log line, at the end, spans the stop.
+    run_dir = tmp_path / "run"
+    common = [
+        "trainer.steps_per_call=10",
+        "trainer.log_every=100000",
+        "trainer.checkpoint_every=100000",
+        "trainer.eval_every=0",
+    ]
+    overrides = [*TINY, "trainer.meta_steps=100000", *common, f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "metalearn.train", *overrides],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=checkout_env(),
+    )
+    lines = []
+    for line in proc.stdout:  # the start-up line; then a moment into the training loop
+        lines.append(line)
+        if "training sinusoid_maml" in line:
+            break
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGINT)
+    output = "".join(lines) + proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, output
+    stopped_at = CheckpointStore(str(run_dir / "checkpoints"), 2).latest_step()
+    assert stopped_at is not None and 0 < stopped_at < 100000, output
+    assert not (run_dir / "metrics.jsonl").read_text().strip()  # nothing logged before the stop
+    target = stopped_at + 20
+    finish = tiny_config(
+        f"trainer.meta_steps={target}", *common, "trainer.allow_changes=[trainer.meta_steps]"
+    )
+    train_and_evaluate(finish, str(run_dir))
+    train_and_evaluate(finish, str(tmp_path / "straight"))
+    [(step, resumed)] = train_records(run_dir)
+    [(_, straight)] = train_records(tmp_path / "straight")
+    assert step == target
+    np.testing.assert_allclose(resumed, straight, rtol=1e-6)
+
+
 def test_half_written_checkpoint_is_never_loaded(tmp_path):
     cfg = tiny_config()
     train_and_evaluate(cfg, str(tmp_path))
