@@ -447,7 +447,8 @@ def check_writable(directory: str) -> None:
                 "another hydra.run.dir or hydra.sweep.dir"
             ) from None
         raise ValueError(
-            f"output directory {directory!r} is not writable: {err.strerror}"
+            f"output directory {directory!r} cannot be written ({err.strerror}); choose another "
+            "hydra.run.dir or hydra.sweep.dir, in a place you can write to"
         ) from None
 
 

@@ -151,6 +151,8 @@ class _OneLineParser(argparse.ArgumentParser):
     """argparse whose errors are one ``error:`` line with the usage, exit status 2."""
 
     def error(self, message: str) -> NoReturn:
+        if "required: run_dir" in message:  # argparse also names the optional overrides there
+            message = "name the run directory to evaluate"
         print(f"error: {message}; usage: {USAGE}", file=sys.stderr)
         sys.exit(2)
 

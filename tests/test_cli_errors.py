@@ -258,6 +258,19 @@ def test_evaluate_flags_are_checked_before_the_evaluation(run_config_dir, args, 
     error_line(result, *fragments)
 
 
+def test_evaluate_without_a_run_directory_says_so():
+    # "the following arguments are required: run_dir, overrides": the overrides are optional.
+    result = run_cli(module="metalearn.evaluate")
+    line = error_line(result, "name the run directory to evaluate", "usage:")
+    assert "overrides" not in line
+
+
+def test_an_output_directory_that_cannot_be_created_is_one_line():
+    # "is not writable: No such file or directory", without saying which setting to change.
+    result = run_cli(*TINY, "hydra.run.dir=/proc/metalearn-run")
+    error_line(result, "'/proc/metalearn-run' cannot be written", "choose another hydra.run.dir")
+
+
 def test_out_of_memory_is_one_line_naming_what_bounds_memory(tmp_path):
     # A meta-batch of 2e9 tasks asks XLA for 66 TB: a 48-line JaxRuntimeError traceback before.
     result = run_cli(*TINY, "trainer.meta_batch_size=2000000000", f"hydra.run.dir={tmp_path}")
