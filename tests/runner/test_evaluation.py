@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 
 from metalearn.runner.evaluation import (
+    diverged_mask,
     evaluate_split,
     evaluation_keys,
     format_record,
     mean_and_ci95,
     median_and_ci95,
+    paired_change,
     selection_score,
     summarize,
 )
@@ -232,3 +234,35 @@ def test_change_from_zero_steps_is_the_paired_mean_and_interval():
         assert r["change_ci95"] == pytest.approx(ci95, rel=1e-3)
         assert r["change_ci95"] < r["ci95"] / 50  # the returns' own intervals are ~100 wide
     assert "change from 0 steps +" in format_record(records[1])
+
+
+def test_selection_reads_the_training_shot_count_at_the_most_steps():
+    # Every other selection test had one record, so which one is chosen was never checked.
+    evaluated = [(1, 0, 5.0), (1, 10, 4.0), (5, 0, 3.0), (5, 10, 0.5), (5, 1, 2.0)]
+    records = [
+        {"metric": "mse", "shots": shots, "steps": steps, "mean": mean, "nonfinite": 0}
+        for shots, steps, mean in evaluated
+    ]
+    assert selection_score(records, REGRESSION, 5) == -0.5
+    assert selection_score(records, REGRESSION, 1) == -4.0
+
+
+def test_one_task_has_a_mean_and_no_interval():
+    record = summarize(np.array([0.7]))
+    assert record["mean"] == pytest.approx(0.7) and record["ci95"] is None
+
+
+def test_the_paired_change_leaves_out_tasks_that_are_not_finite_in_either():
+    after = np.array([1.0, np.nan, 3.0, np.inf, 2.0, 5.0])
+    before = np.array([2.0, 1.0, np.inf, 1.0, 4.0, 4.5])
+    diff = np.array([1.0 - 2.0, 2.0 - 4.0, 5.0 - 4.5])  # the three tasks finite in both
+    expected = diff.mean(), 1.96 * diff.std(ddof=1) / math.sqrt(3)
+    change = paired_change(after, before)
+    assert change["change"] == pytest.approx(expected[0])
+    assert change["change_ci95"] == pytest.approx(expected[1])
+
+
+def test_divergence_is_judged_against_the_median_before_adaptation_not_the_mean():
+    # 10 x max(0.01, median 0.01) = 0.1 < 5: task 0 diverged; the mean (33.3) would hide it.
+    blown = diverged_mask(np.array([5.0, 0.005, 50.0]), np.array([0.01, 0.01, 100.0]))
+    assert blown.tolist() == [True, False, False]

@@ -123,6 +123,25 @@ def test_a_refused_value_leaves_the_run_directory_as_it_was(run_copy, overrides)
     assert resumed.returncode == 0, resumed.stderr
 
 
+def test_an_allowed_section_does_not_allow_a_key_that_merely_starts_like_it(run_copy):
+    one_line_error(
+        train(run_copy, "trainer.meta_steps=6", "trainer.allow_changes=[trainer.meta]"),
+        "trainer.meta_steps 4 -> 6",
+    )
+
+
+def test_a_directory_holding_only_a_finished_evaluation_is_a_run(run_copy):
+    # Its checkpoints deleted, eval.json still says what the directory holds.
+    for store in ("checkpoints", "best"):
+        for step in (run_copy / store).iterdir():
+            if step.name.isdigit():
+                shutil.rmtree(step)
+    one_line_error(
+        train(run_copy, "trainer.resume=false"), "already holds a run (a finished evaluation)"
+    )
+    one_line_error(train(run_copy, "seed=5"), "different config: seed 0 -> 5")
+
+
 def test_an_allowed_change_resumes_and_is_recorded(run_copy):
     refused = train(run_copy, "trainer.meta_steps=6")
     one_line_error(
