@@ -272,3 +272,29 @@ def test_remat_rolls_the_inner_loop_and_keeps_memory_flat():
     plain, rolled_remat = temp_mb(), temp_mb(remat=True)
     assert rolled_remat < 0.5 * plain, (plain, rolled_remat)  # measured: 67.6 -> 13.1 MB
     assert rolled_remat < 0.5 * temp_mb(remat=True, unroll=True)  # unrolled remat: 47.6 MB
+
+
+def test_rates_that_vary_within_a_parameter_apply_entry_by_entry():
+    # The per-parameter test above gives each leaf one rate everywhere, which a rate averaged
+    # over the leaf also passes.
+    params, support, _ = small_mlp_problem()
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    keys = jax.random.split(jax.random.key(3), len(leaves))
+    uniform = lambda k, p: jax.random.uniform(k, p.shape, minval=0.0, maxval=0.2)  # noqa: E731
+    rates = treedef.unflatten([uniform(k, p) for k, p in zip(keys, leaves, strict=True)])
+    adapted = adapt(mlp_loss, params, support, inner_lr=rates)
+    grads = jax.grad(mlp_loss)(params, support)
+    expected = jax.tree_util.tree_map(lambda p, r, g: p - r * g, params, rates, grads)
+    chex.assert_trees_all_close(adapted, expected, rtol=1e-6)
+
+
+def test_an_inner_optimizer_keeps_its_state_from_step_to_step():
+    # optax.sgd, the only optimizer compared so far, has no state to carry.
+    params, support, _ = small_mlp_problem()
+    optimizer = inner_adam(0.05)
+    state, expected = optimizer.init(params), params
+    for _ in range(3):
+        updates, state = optimizer.update(jax.grad(mlp_loss)(expected, support), state, expected)
+        expected = optax.apply_updates(expected, updates)
+    adapted = adapt(mlp_loss, params, support, optimizer=optimizer, num_steps=3)
+    chex.assert_trees_all_close(adapted, expected, rtol=1e-5, atol=1e-7)
