@@ -166,3 +166,18 @@ def test_lanczos_refuses_a_start_vector_that_is_not_flat(v0):
     # Broadcasting, IndexError, AttributeError and TypeError from inside the loop before.
     with pytest.raises(ValueError, match="v0 must be a 1-D floating-point array"):
         lanczos_eigenvalues(lambda v: 2 * v, v0, 2)
+
+
+def test_lanczos_asked_for_more_steps_than_dimensions_adds_no_spurious_value():
+    # Past n steps the Krylov space is exhausted; padding the tridiagonal matrix with zero rows
+    # would add a Ritz value 0, the top one for a negative-definite matrix.
+    A = -jnp.diag(jnp.array([1.0, 2.0, 3.0]))
+    ritz = lanczos_eigenvalues(lambda v: A @ v, jnp.array([1.0, 1.0, 1.0]), 10)
+    np.testing.assert_allclose(ritz, [-3.0, -2.0, -1.0], rtol=1e-5)
+
+
+def test_lanczos_stops_cleanly_when_the_start_vector_is_an_eigenvector():
+    # After one step the residual is exactly 0: dividing by its norm gave NaN everywhere.
+    A = 2.0 * jnp.eye(4)
+    ritz = lanczos_eigenvalues(lambda v: A @ v, jnp.array([1.0, 0.5, -1.0, 2.0]), 3)
+    assert bool(jnp.all(jnp.isfinite(ritz))) and float(ritz.max()) == pytest.approx(2.0)
