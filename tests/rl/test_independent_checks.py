@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy.stats import norm
 
+from metalearn.rl.baseline import advantages
+from metalearn.rl.envs import NAV2D, sample_goals
 from metalearn.rl.envs.nav2d import reset, step
 from metalearn.rl.estimators import _dice_weight
-from metalearn.rl.inner import InnerConfig, inner_surrogate
-from metalearn.rl.policy import gaussian_kl, gaussian_log_prob
-from metalearn.rl.rollout import Trajectories
+from metalearn.rl.inner import InnerConfig, inner_step, inner_surrogate
+from metalearn.rl.maml_rl import adaptation_batches
+from metalearn.rl.policy import gaussian_kl, gaussian_log_prob, init_policy, policy_apply
+from metalearn.rl.rollout import Trajectories, log_probs
 from metalearn.rl.trpo import TRPOConfig, trpo_step
 from tests.rl.test_nav2d import numpy_point_env
 
@@ -136,3 +140,25 @@ def test_nav2d_ends_an_episode_where_the_reference_does(offset):
     state = reset(jax.random.key(0), jnp.asarray(goal))
     _, _, _, done = step(state, jnp.asarray(action))
     assert bool(done) == bool(dones[0])
+
+
+def test_each_batch_is_sampled_from_the_parameters_of_its_step():
+    # Batch k of an adaptation (the last one: after the final step) must come from theta_k: it
+    # is then likelier under theta_k than under any other theta_j (Gibbs' inequality, paired on
+    # the same samples). Large rates make the thetas far apart.
+    inner = InnerConfig(num_steps=2, lrs=(3.0, 3.0), num_rollouts=40)
+    params = init_policy(jax.random.key(0), 2, 2, hidden=(8,))
+    goal = sample_goals(jax.random.key(1), 1)[0]
+    batches, adapted = adaptation_batches(
+        NAV2D, policy_apply, params, jax.random.key(2), goal, inner
+    )
+    path = [params]
+    for k in range(inner.num_steps):
+        adv = advantages(batches[k], inner.discount, normalize=inner.normalize)
+        path.append(inner_step(policy_apply, path[-1], batches[k], adv, inner.lrs[k]))
+    chex.assert_trees_all_close(adapted, path[-1])
+    likelihood = np.array(
+        [[float(jnp.sum(log_probs(policy_apply, theta, b) * b.mask)) for theta in path]
+         for b in batches]
+    )  # fmt: skip
+    assert likelihood.argmax(axis=1).tolist() == [0, 1, 2], likelihood
