@@ -111,7 +111,13 @@ def meta_rl_config(c: MAMLRLAlgorithmConfig, inner: InnerConfig) -> MAMLRLConfig
         ),
         estimator=c.estimator,
         outer=c.outer,
-        trpo=TRPOConfig(c.max_kl, c.cg_iters, c.cg_damping, c.backtrack_ratio, c.max_backtracks),
+        trpo=TRPOConfig(
+            max_kl=c.max_kl,
+            cg_iters=c.cg_iters,
+            damping=c.cg_damping,
+            backtrack_ratio=c.backtrack_ratio,
+            max_backtracks=c.max_backtracks,
+        ),
         ppo=PPOConfig(clip=c.ppo_clip, num_epochs=c.ppo_epochs),
     )
 

@@ -14,8 +14,11 @@ from omegaconf import OmegaConf
 from metalearn.algorithms.base import context
 from metalearn.config import to_objects
 from metalearn.data.task import Task
+from metalearn.rl.algorithm import MAMLRLAlgorithmConfig, meta_rl_config
+from metalearn.rl.inner import InnerConfig
 from metalearn.rl.probe import adaptation_rollouts, load_trained_policy, probe_tasks
 from metalearn.rl.rollout import episode_returns
+from metalearn.rl.trpo import TRPOConfig
 from metalearn.runner.checkpoints import CheckpointStore
 from metalearn.runner.experiment import build_experiment
 from metalearn.runner.loop import train_and_evaluate
@@ -122,6 +125,20 @@ def test_probe_adapts_as_the_runs_evaluation_does(tmp_path):
         )["return"]
         # Two compiled programs: float32 sums may round apart (a few 1e-5 relative).
         np.testing.assert_allclose(probed, jax.jit(evaluate)(key, task), rtol=1e-4)
+        some = lambda k, t: exp.learner.evaluate(  # noqa: E731
+            policy.params, Task(support=t, query=t), context(key=k), (0, 3)
+        )["return"]  # the step counts asked for, not the first ones
+        np.testing.assert_allclose([probed[0], probed[3]], jax.jit(some)(key, task), rtol=1e-4)
+
+
+def test_every_trpo_setting_reaches_the_trpo_step():
+    c = MAMLRLAlgorithmConfig(
+        max_kl=0.02, cg_iters=7, cg_damping=0.003, backtrack_ratio=0.6, max_backtracks=9
+    )
+    trpo = meta_rl_config(c, InnerConfig()).trpo
+    assert trpo == TRPOConfig(
+        max_kl=0.02, cg_iters=7, damping=0.003, backtrack_ratio=0.6, max_backtracks=9
+    )
 
 
 def test_probe_rollouts_after_each_inner_step_on_tasks_fixed_for_every_run(cli_run):
