@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from metalearn.runner.checkpoints import CheckpointStore
+from metalearn.runner.rundir import differences
 from tests.cli import checkout_env
 from tests.conftest import restore_latest_state
 
@@ -121,6 +122,17 @@ def test_a_refused_value_leaves_the_run_directory_as_it_was(run_copy, overrides)
     assert snapshot(run_copy) == before
     resumed = train(run_copy)
     assert resumed.returncode == 0, resumed.stderr
+
+
+def test_a_setting_dropped_from_the_command_line_is_a_difference_too():
+    # A key only the stored run has (an old "+model.x=1" not given again) differs from absent.
+    assert differences({"a": 1, "b": 2}, {"a": 1}) == {"b": (2, None)}
+    assert differences({"a": 1}, {"a": 1, "c": 3}) == {"c": (None, 3)}
+
+
+def test_an_optimizer_change_is_refused_and_the_newest_intact_step_is_the_latest(run_copy):
+    one_line_error(train(run_copy, "optimizer.lr=0.002"), "optimizer.lr 0.001 -> 0.002")
+    assert CheckpointStore(str(run_copy / "checkpoints"), 2).newest_intact_step() == 4
 
 
 def test_an_allowed_section_does_not_allow_a_key_that_merely_starts_like_it(run_copy):
