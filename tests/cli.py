@@ -55,6 +55,12 @@ def run_script(script: str, *args: str, timeout=600):
     )
 
 
+def run_tool(name: str, *args: str, timeout=600):
+    """``python -m metalearn.tools.<name> args...`` (a tool shipped in the package), from the
+    repository root, importing this checkout."""
+    return run_cli(*args, module=f"metalearn.tools.{name}", timeout=timeout)
+
+
 def error_line(result: subprocess.CompletedProcess, *fragments: str) -> str:
     """Check exit status 2, no traceback, exactly one ``error:`` line containing ``fragments``."""
     output = result.stdout + result.stderr

@@ -1,35 +1,25 @@
-"""scripts/prepare_data.py: prepares the named datasets, or exits 2 with a one-line error."""
+"""metalearn.tools.prepare_data: prepares the named datasets, or exits 2 with a one-line error."""
 
 from __future__ import annotations
 
 import doctest
-import importlib.util
-import pathlib
 
-from tests.cli import run_script
+from metalearn.tools import prepare_data
+from tests.cli import REPO, run_tool
 from tests.data.fake_sources import write_cifar
-
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "prepare_data.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("prepare_data", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_prepares_the_named_datasets(tmp_path, capsys):
     write_cifar(str(tmp_path / "manual"))
     args = ["data=cifarfs,fc100", f"data.manual_dir={tmp_path / 'manual'}"]
-    assert load_script().main([*args, f"data.data_dir={tmp_path / 'tfds'}"]) == 0
+    assert prepare_data.main([*args, f"data.data_dir={tmp_path / 'tfds'}"]) == 0
     out = capsys.readouterr().out
     assert "cifarfs (cifar_fs): train (64, 3, 32, 32, 3), val (16, 3, 32, 32, 3)" in out
     assert "fc100 (fc100): train (60, 3, 32, 32, 3)" in out
 
 
 def test_missing_source_exits_2_with_one_line(tmp_path, capsys):
-    status = load_script().main(
+    status = prepare_data.main(
         ["data=omniglot", f"data.manual_dir={tmp_path / 'nowhere'}", f"data.data_dir={tmp_path}"]
     )
     err = capsys.readouterr().err
@@ -39,16 +29,18 @@ def test_missing_source_exits_2_with_one_line(tmp_path, capsys):
 
 def test_the_readme_spelling_is_accepted_and_others_are_refused(tmp_path):
     """The README's command spells settings as a run does; no argument is a one-line error."""
-    readme = (SCRIPT.parents[1] / "README.md").read_text()
-    command = readme.split("`python scripts/prepare_data.py ", 1)[1].split("`", 1)[0].split()
+    readme = (REPO / "README.md").read_text()
+    command = (
+        readme.split("`python -m metalearn.tools.prepare_data ", 1)[1].split("`", 1)[0].split()
+    )
     assert command[0] == "data=omniglot" and command[1].startswith("data.manual_dir=")
     for argv in ([], ["omniglot", "--manual-dir", str(tmp_path)], ["data=nosuch"]):
-        result = run_script("prepare_data.py", *argv, timeout=120)
+        result = run_tool("prepare_data", *argv, timeout=120)
         assert result.returncode == 2, (argv, result.stderr)
         assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
         assert "data=" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_docstring_examples():
-    result = doctest.testmod(load_script(), optionflags=doctest.ELLIPSIS)
+    result = doctest.testmod(prepare_data, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

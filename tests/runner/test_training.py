@@ -24,7 +24,7 @@ from metalearn.runner.loop import (
 )
 from metalearn.runner.rundir import saved_steps
 from metalearn.runner.steps import trained
-from tests.cli import checkout_env, run_cli, run_script
+from tests.cli import checkout_env, run_cli, run_tool
 from tests.conftest import compose_config, restore_latest_state
 
 TINY = ["+experiment=sinusoid_maml", "+debug=tiny"]
@@ -244,9 +244,7 @@ def test_multirun_sweep_and_gather(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     runs = sorted(p for p in sweep_dir.iterdir() if p.is_dir())
     assert len(runs) == 4 and all((p / "eval.json").exists() for p in runs)
-    table = run_script(
-        "collect_sweep.py", str(sweep_dir), "--csv", str(tmp_path / "t.csv"), timeout=60
-    )
+    table = run_tool("collect_sweep", str(sweep_dir), "--csv", str(tmp_path / "t.csv"), timeout=60)
     assert table.returncode == 0, table.stderr
     assert "algorithm.inner_lr" in table.stdout and "seed" in table.stdout
     rows = (tmp_path / "t.csv").read_text().splitlines()

@@ -1,8 +1,8 @@
-"""scripts/collect_sweep.py: a table of a sweep's runs; bad input is one error: line, exit 2."""
+"""metalearn.tools.collect_sweep: a table of a sweep's runs; bad input is one line, exit 2."""
 
 import json
 
-from tests.cli import error_line, run_script
+from tests.cli import error_line, run_tool
 
 
 def _run(sweep, name, overrides, mean=0.5):
@@ -21,12 +21,10 @@ def test_csv_is_checked_before_collecting(tmp_path):
         ("/nonexistent/x.csv", ["error: --csv /nonexistent/x.csv:", "/nonexistent does not exist"]),
         (str(tmp_path), [f"error: --csv {tmp_path} is a directory"]),
     ]:
-        result = run_script("collect_sweep.py", str(tmp_path / "sweep"), "--csv", csv)
+        result = run_tool("collect_sweep", str(tmp_path / "sweep"), "--csv", csv)
         error_line(result, *fragments)
         assert result.stdout == ""
-    result = run_script(
-        "collect_sweep.py", str(tmp_path / "sweep"), "--csv", str(tmp_path / "t.csv")
-    )
+    result = run_tool("collect_sweep", str(tmp_path / "sweep"), "--csv", str(tmp_path / "t.csv"))
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "t.csv").read_text().startswith("run,optimizer.lr,metric")
 
@@ -36,7 +34,7 @@ def test_a_run_with_corrupt_overrides_is_listed_and_the_rest_tabulated(tmp_path)
     _run(sweep, "0_lr=0.1", "- optimizer.lr=0.1\n", mean=0.25)
     bad = _run(sweep, "1_lr=0.2", "- optimizer.lr=0.2\n- [unclosed\n")
     not_a_list = _run(sweep, "2_lr=0.3", "optimizer.lr: 0.3\n")
-    result = run_script("collect_sweep.py", str(sweep))
+    result = run_tool("collect_sweep", str(sweep))
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     assert any(
@@ -49,11 +47,11 @@ def test_a_run_with_corrupt_overrides_is_listed_and_the_rest_tabulated(tmp_path)
 
 
 def test_a_directory_without_runs_is_one_error_line(tmp_path):
-    result = run_script("collect_sweep.py", str(tmp_path))
+    result = run_tool("collect_sweep", str(tmp_path))
     error_line(result, f"no run directories (with .hydra/) under {tmp_path}")
     # Runs, none with a readable eval.json: each listed, then one error line, exit 2.
     (tmp_path / "0_x" / ".hydra").mkdir(parents=True)
-    result = run_script("collect_sweep.py", str(tmp_path))
+    result = run_tool("collect_sweep", str(tmp_path))
     error_line(result, f"no readable run under {tmp_path}: each is listed above")
     assert f"{tmp_path / '0_x'}: unfinished (no eval.json)" in result.stderr
 
@@ -64,7 +62,7 @@ def test_a_run_without_overrides_is_tabulated_and_named(tmp_path):
     _run(sweep, "0_lr=0.1", "- optimizer.lr=0.1\n", mean=0.25)
     bare = _run(sweep, "1_lr=0.2", "", mean=0.75)
     (bare / ".hydra" / "overrides.yaml").unlink()
-    result = run_script("collect_sweep.py", str(sweep))
+    result = run_tool("collect_sweep", str(sweep))
     assert result.returncode == 0, result.stderr
     assert any(
         line.startswith("1_lr=0.2") and "0.7500" in line for line in result.stdout.splitlines()
@@ -78,6 +76,6 @@ def test_a_malformed_status_record_is_not_a_traceback(tmp_path):
     for i, text in enumerate(["{}", "[1]"]):
         run = _run(sweep, f"{i}_lr=0.{i + 1}", f"- optimizer.lr=0.{i + 1}\n", mean=0.25)
         (run / "status.json").write_text(text)
-    result = run_script("collect_sweep.py", str(sweep))
+    result = run_tool("collect_sweep", str(sweep))
     assert result.returncode == 0, result.stderr
     assert len([line for line in result.stdout.splitlines() if "0.2500" in line]) == 2

@@ -1,15 +1,13 @@
 """The plot scripts produce PNGs from a real (tiny) run directory."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 from omegaconf import OmegaConf
 
 from metalearn.config import to_objects
 from metalearn.runner.loop import train_and_evaluate
-from tests.cli import REPO, checkout_env, error_line, run_script
+from tests.cli import error_line, run_tool
 from tests.conftest import compose_config
 
 
@@ -17,29 +15,12 @@ def test_learning_curves_and_figure2_from_a_run(tmp_path):
     composed = compose_config(["+experiment=sinusoid_maml", "+debug=tiny"])
     train_and_evaluate(to_objects(composed), str(tmp_path))
     OmegaConf.save(composed, tmp_path / "config.yaml")
-    for script, extra in [
-        ("scripts/plot_learning_curves.py", []),
-        ("scripts/plot_sinusoid.py", ["--shots", "5"]),
-    ]:
-        out = tmp_path / (script.split("/")[-1] + ".png")
-        result = subprocess.run(
-            [sys.executable, script, str(tmp_path), *extra, "--out", str(out)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=REPO,
-            env=checkout_env(),  # the scripts import this checkout's metalearn
-        )
+    for tool, extra in [("plot_learning_curves", []), ("plot_sinusoid", ["--shots", "5"])]:
+        out = tmp_path / f"{tool}.png"
+        result = run_tool(tool, str(tmp_path), *extra, "--out", str(out), timeout=120)
         assert result.returncode == 0, result.stderr
         assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    missing = subprocess.run(
-        [sys.executable, "scripts/plot_learning_curves.py", str(tmp_path / "x")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-        env=checkout_env(),
-    )
+    missing = run_tool("plot_learning_curves", str(tmp_path / "x"), timeout=60)
     assert missing.returncode == 2 and "not found" in missing.stderr
 
 
@@ -59,13 +40,13 @@ def test_rl_returns_figure_and_table_from_run_directories(tmp_path):
     maml = _rl_run(tmp_path / "a", "rl_nav2d_maml", [-40.0, -12.0, -8.0, -7.5])
     random = _rl_run(tmp_path / "b", "rl_nav2d_random", [-70.0, -68.0, -66.0, -65.0])
     out = tmp_path / "returns.png"
-    result = run_script("plot_rl_returns.py", str(maml), str(random), "--out", str(out), "--table")
+    result = run_tool("plot_rl_returns", str(maml), str(random), "--out", str(out), "--table")
     assert result.returncode == 0, result.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| rl_nav2d_maml | -40.00 ± 1.00 | -12.00 ± 1.00 | -8.00 ± 1.00 | -7.50 ± 1.00 |" in (
         result.stdout
     )
-    bad = run_script("plot_rl_returns.py", str(maml), str(tmp_path / "missing"))
+    bad = run_tool("plot_rl_returns", str(maml), str(tmp_path / "missing"))
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "eval.json" in bad.stderr
 
 
@@ -75,8 +56,8 @@ def test_rl_returns_from_an_evaluation_file(tmp_path):
     later = maml / "eval_latest_100_tasks.json"
     records = json.loads((maml / "eval.json").read_text())
     later.write_text(json.dumps([{**r, "mean": r["mean"] + 1.0} for r in records]))
-    result = run_script(
-        "plot_rl_returns.py", str(maml), str(later), "--out", str(tmp_path / "r.png"), "--table"
+    result = run_tool(
+        "plot_rl_returns", str(maml), str(later), "--out", str(tmp_path / "r.png"), "--table"
     )
     assert result.returncode == 0, result.stderr
     assert "| rl_cheetah_dir_maml | -40.00 ± 1.00 |" in result.stdout
@@ -100,10 +81,10 @@ def test_rl_training_curves_on_a_linear_axis_and_a_named_metric(tmp_path):
     (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     out = tmp_path / "curves.png"
     args = ["--metrics", "pre_return,post_return", "--out", str(out)]
-    result = run_script("plot_learning_curves.py", str(run), *args)
+    result = run_tool("plot_learning_curves", str(run), *args)
     assert result.returncode == 0, result.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    bad = run_script("plot_learning_curves.py", str(run), "--metrics", "reward")
+    bad = run_tool("plot_learning_curves", str(run), "--metrics", "reward")
     assert bad.returncode == 2 and bad.stderr.startswith("error: ")
     assert "no training metric reward" in bad.stderr and "post_return" in bad.stderr
 
@@ -142,8 +123,8 @@ def test_rl_returns_with_a_non_finite_mean_and_an_unknown_interval(tmp_path):
     one_task = tmp_path / "one_task.json"
     one_task.write_text(json.dumps([_eval_record(0, -50.0, None, tasks=1)]))
     out = tmp_path / "returns.png"
-    result = run_script(
-        "plot_rl_returns.py",
+    result = run_tool(
+        "plot_rl_returns",
         str(tmp_path / "eval_best.json"),
         str(one_task),
         *["--labels", "MAML", "one", "--out", str(out), "--table"],
@@ -161,9 +142,9 @@ def test_rl_returns_with_a_non_finite_mean_and_an_unknown_interval(tmp_path):
 def test_rl_returns_refuses_a_file_that_is_not_a_list_of_records(tmp_path, text):
     path = tmp_path / "eval.json"
     path.write_text(text)
-    result = run_script("plot_rl_returns.py", str(path), "--out", str(tmp_path / "r.png"))
+    result = run_tool("plot_rl_returns", str(path), "--out", str(tmp_path / "r.png"))
     error_line(result, str(path), "not an eval.json list of records")
-    result = run_script("plot_rl_returns.py", str(tmp_path), "--out", str(tmp_path / "r.png"))
+    result = run_tool("plot_rl_returns", str(tmp_path), "--out", str(tmp_path / "r.png"))
     error_line(result, str(path), "not an eval.json list of records")
 
 
@@ -174,10 +155,10 @@ def test_rl_returns_checks_out_before_plotting(tmp_path):
         (str(tmp_path / "x.txt"), ["x.txt", "'.txt'", ".png"]),
         (str(tmp_path), [str(tmp_path), "is a directory"]),
     ]:
-        result = run_script("plot_rl_returns.py", str(run), "--out", out, "--table")
+        result = run_tool("plot_rl_returns", str(run), "--out", out, "--table")
         error_line(result, "--out", *fragments)
     assert not (tmp_path / "x.txt").exists()
-    result = run_script("plot_rl_returns.py", str(run), "--out", str(tmp_path / "r.pdf"))
+    result = run_tool("plot_rl_returns", str(run), "--out", str(tmp_path / "r.pdf"))
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "r.pdf").read_bytes()[:4] == b"%PDF"
 
@@ -199,14 +180,14 @@ def test_learning_curves_skip_a_half_written_last_line(tmp_path):
     lines = _metrics_lines()
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n" + lines[-1][:25])
     out = tmp_path / "curves.png"
-    result = run_script("plot_learning_curves.py", str(run), "--out", str(out))
+    result = run_tool("plot_learning_curves", str(run), "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"note: {run / 'metrics.jsonl'}: skipped its unreadable last line 5" in result.stderr
     # Elsewhere an unreadable line is damage: one error line with the file and line number.
     lines.insert(1, lines[1][:25])
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    result = run_script("plot_learning_curves.py", str(run), "--out", str(out))
+    result = run_tool("plot_learning_curves", str(run), "--out", str(out))
     error_line(result, f"{run / 'metrics.jsonl'}, line 2", "unreadable")
 
 
@@ -215,12 +196,12 @@ def test_learning_curves_with_nothing_to_plot(tmp_path):
     run.mkdir()
     (run / "metrics.jsonl").write_text("")
     out = tmp_path / "curves.png"
-    result = run_script("plot_learning_curves.py", str(run), "--out", str(out))
+    result = run_tool("plot_learning_curves", str(run), "--out", str(out))
     error_line(result, str(run / "metrics.jsonl"), "nothing to plot", '"split": "train"')
     assert not out.exists()
     # Training records only (before the first validation): the training panel, no warning.
     (run / "metrics.jsonl").write_text("\n".join(_metrics_lines()[:3]) + "\n")
-    result = run_script("plot_learning_curves.py", str(run), "--out", str(out))
+    result = run_tool("plot_learning_curves", str(run), "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert "Warning" not in result.stderr and "no validation records" in result.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -237,7 +218,7 @@ def test_learning_curves_with_nothing_to_plot(tmp_path):
 )
 def test_plot_sinusoid_refuses_bad_flags_and_a_missing_run(tmp_path, flags, fragments):
     run = tmp_path / "nowhere"
-    result = run_script("plot_sinusoid.py", str(run), *flags, "--out", str(tmp_path / "s.png"))
+    result = run_tool("plot_sinusoid", str(run), *flags, "--out", str(tmp_path / "s.png"))
     error_line(result, *fragments)
 
 
@@ -247,9 +228,9 @@ def test_learning_curves_refuse_a_record_without_split_and_check_out_first(tmp_p
     lines = _metrics_lines()
     lines.insert(1, json.dumps({"step": 3, "train/loss": 1.0}))  # a KeyError traceback before
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    result = run_script("plot_learning_curves.py", str(run), "--out", str(tmp_path / "c.png"))
+    result = run_tool("plot_learning_curves", str(run), "--out", str(tmp_path / "c.png"))
     error_line(result, f"{run / 'metrics.jsonl'}, line 2", "without 'split' and 'step'")
-    result = run_script("plot_learning_curves.py", str(run), "--out", "/nonexistent/c.png")
+    result = run_tool("plot_learning_curves", str(run), "--out", "/nonexistent/c.png")
     error_line(result, "--out /nonexistent/c.png: /nonexistent does not exist")
 
 
@@ -261,8 +242,6 @@ def test_rl_returns_label_without_a_readable_config(tmp_path):
     (run / "eval_best.json").write_text(json.dumps([_eval_record(0, -40.0, 2.0)]))
     (run / "config.yaml").write_text("name: [unclosed\n")
     out = tmp_path / "r.png"
-    result = run_script(
-        "plot_rl_returns.py", str(run / "eval_best.json"), "--out", str(out), "--table"
-    )
+    result = run_tool("plot_rl_returns", str(run / "eval_best.json"), "--out", str(out), "--table")
     assert result.returncode == 0, result.stderr
     assert "| myrun (eval_best) |" in result.stdout

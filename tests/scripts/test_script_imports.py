@@ -2,11 +2,8 @@
 they sit in by editing ``sys.path``."""
 
 import ast
-import shutil
-import subprocess
-import sys
 
-from tests.cli import REPO, checkout_env
+from tests.cli import REPO
 
 SCRIPTS = sorted((REPO / "scripts").glob("*.py"))
 # Importing a sibling script (bench.py runs bench_jax.py's functions) is not an import of the
@@ -33,21 +30,3 @@ def test_no_script_puts_the_checkout_on_the_import_path():
         p.name: e for p in SCRIPTS if (e := [a for a in sys_path_edits(p) if a != OWN_DIRECTORY])
     }
     assert not offending, offending
-
-
-def test_collect_sweep_uses_the_metalearn_on_the_import_path(tmp_path):
-    # A copy of the script beside a broken "metalearn": it must import the real one.
-    (tmp_path / "scripts").mkdir()
-    (tmp_path / "metalearn").mkdir()
-    (tmp_path / "metalearn" / "__init__.py").write_text("raise ImportError('the shadow copy')\n")
-    script = shutil.copy(REPO / "scripts" / "collect_sweep.py", tmp_path / "scripts")
-    result = subprocess.run(
-        [sys.executable, script, "--help"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path / "scripts",
-        env=checkout_env(),
-    )
-    assert result.returncode == 0, result.stderr
-    assert "shadow" not in result.stderr

@@ -4,9 +4,9 @@ Optional: a run prepares its dataset on first use. This is for preparing once, e
 node before a sweep, or to check that a manual directory is complete. Settings are spelled as
 in a run (``data=NAME data.manual_dir=DIR data.data_dir=DIR``):
 
-    python scripts/prepare_data.py data=omniglot data.manual_dir=../shared/data/omniglot
-    python scripts/prepare_data.py data=cifarfs,fc100 data.manual_dir=~/data/cifar
-    python scripts/prepare_data.py data=miniimagenet data.manual_dir=~/mini-imagenet \\
+    python -m metalearn.tools.prepare_data data=omniglot data.manual_dir=../shared/data/omniglot
+    python -m metalearn.tools.prepare_data data=cifarfs,fc100 data.manual_dir=~/data/cifar
+    python -m metalearn.tools.prepare_data data=miniimagenet data.manual_dir=~/mini-imagenet \\
         data.data_dir=/data/tfds
 
 Names are the ``data=`` choices (omniglot, miniimagenet, cifarfs, fc100; several separated by
@@ -32,7 +32,10 @@ BUILDERS = {
     "cifarfs": CifarFs,
     "fc100": Fc100,
 }
-USAGE = "python scripts/prepare_data.py data=NAME[,NAME] [data.manual_dir=DIR] [data.data_dir=DIR]"
+USAGE = (
+    "python -m metalearn.tools.prepare_data data=NAME[,NAME] [data.manual_dir=DIR] "
+    "[data.data_dir=DIR]"
+)
 KEYS = ("data", "data.manual_dir", "data.data_dir")
 DIRECTORIES = {
     "data.manual_dir": "give the directory that holds the downloaded files",
@@ -48,7 +51,7 @@ def parse_args(argv: list[str]) -> dict[str, str]:
     >>> parse_args(["--manual-dir", "/d"])
     Traceback (most recent call last):
     ...
-    ValueError: unknown argument '--manual-dir'; usage: python scripts/prepare_data.py ...
+    ValueError: unknown argument '--manual-dir'; usage: python -m metalearn.tools.prepare_data ...
     """
     settings = {}
     for arg in argv:

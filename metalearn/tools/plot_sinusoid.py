@@ -1,6 +1,6 @@
 """MAML's Figure 2 for a trained sinusoid run: one test task, before and after adaptation.
 
-    python scripts/plot_sinusoid.py RUN_DIR --shots 5 --out sinusoid.png
+    python -m metalearn.tools.plot_sinusoid RUN_DIR --shots 5 --out sinusoid.png
 
 Draws the true function, the meta-learned model's prediction before adaptation and after 1 and
 10 inner steps on the support points, and the support points themselves.
@@ -14,10 +14,11 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import matplotlib
 from omegaconf import OmegaConf
 
-matplotlib.use("Agg")
+from metalearn.tools import require_matplotlib
+
+require_matplotlib()  # the plot extra: one line and exit 2 without it
 import matplotlib.pyplot as plt  # noqa: E402
 
 from metalearn.algorithms.base import context  # noqa: E402

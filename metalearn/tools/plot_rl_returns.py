@@ -1,6 +1,6 @@
 """Average return against inner gradient steps (Finn et al. 2017, Figure 5), from run directories.
 
-    python scripts/plot_rl_returns.py MAML_RUN PRETRAINED_RUN RANDOM_RUN \\
+    python -m metalearn.tools.plot_rl_returns MAML_RUN PRETRAINED_RUN RANDOM_RUN \\
         --labels MAML pretrained "random init" --out returns.png --table
 
 Each run directory's ``eval.json`` (written by ``python -m metalearn.train``) holds the mean
@@ -20,9 +20,9 @@ import math
 import sys
 from pathlib import Path
 
-import matplotlib
+from metalearn.tools import require_matplotlib
 
-matplotlib.use("Agg")
+require_matplotlib()  # the plot extra: one line and exit 2 without it
 import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402

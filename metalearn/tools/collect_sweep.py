@@ -1,6 +1,7 @@
 """Gather a sweep's eval.json files into one table.
 
-    python scripts/collect_sweep.py multirun/sinusoid_maml/2026-11-21_10-00-00 [--csv out.csv]
+    python -m metalearn.tools.collect_sweep multirun/sinusoid_maml/2026-11-21_10-00-00 \
+        [--csv out.csv]
 
 Each run directory's overrides (from ``.hydra/overrides.yaml``) become columns, then one row per
 evaluation record (metric, ways, shots, steps, mean, ci95, median, diverged, nonfinite, tasks).

@@ -1,7 +1,7 @@
 """Learning curves from one or more runs' metrics.jsonl, as a PNG.
 
-    python scripts/plot_learning_curves.py RUN_DIR [RUN_DIR ...] --out curves.png
-    python scripts/plot_learning_curves.py RL_RUN --metrics pre_return,post_return
+    python -m metalearn.tools.plot_learning_curves RUN_DIR [RUN_DIR ...] --out curves.png
+    python -m metalearn.tools.plot_learning_curves RL_RUN --metrics pre_return,post_return
 
 Left: the training metrics (the query loss after adaptation; for MAML-RL e.g. the return
 before and after the inner step) per logged step, all of them or those ``--metrics`` names.
@@ -18,9 +18,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-import matplotlib
+from metalearn.tools import require_matplotlib
 
-matplotlib.use("Agg")
+require_matplotlib()  # the plot extra: one line and exit 2 without it
 import matplotlib.pyplot as plt  # noqa: E402
 
 from metalearn.config import check_writable_file  # noqa: E402

@@ -1,0 +1,29 @@
+"""Command-line tools that come with the package (a wheel install included), each run as
+``python -m metalearn.tools.NAME``:
+
+- ``collect_sweep``: one table of a sweep's ``eval.json`` files;
+- ``plot_learning_curves``: training and validation curves from ``metrics.jsonl``;
+- ``plot_sinusoid``: MAML's Figure 2 for a sinusoid run;
+- ``plot_rl_returns``: the return after 0, 1, 2, 3 inner steps of RL runs (Finn et al. Figure 5);
+- ``prepare_data``: build the TFDS datasets ahead of a run (a run also prepares them itself).
+
+Benchmarks, PyTorch peers and the reference implementations stay in the repository's
+``scripts/``.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+
+
+def require_matplotlib() -> ModuleType:
+    """``matplotlib`` with the file-only Agg backend; one ``error:`` line and exit 2 when it is
+    not installed (it is the ``plot`` extra, not a dependency)."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("error: the plots need matplotlib: pip install 'metalearn[plot]'", file=sys.stderr)
+        sys.exit(2)
+    matplotlib.use("Agg")
+    return matplotlib
