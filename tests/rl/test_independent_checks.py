@@ -162,3 +162,17 @@ def test_each_batch_is_sampled_from_the_parameters_of_its_step():
          for b in batches]
     )  # fmt: skip
     assert likelihood.argmax(axis=1).tolist() == [0, 1, 2], likelihood
+
+
+def test_trpo_damps_a_given_kl_hessian_product_as_its_own():
+    # The cheaper product a caller passes (post_kl_fisher) gets the same damping as the
+    # default one; with rllab's 1e-5 a missing damping went unseen, so damp heavily here.
+    surrogate = lambda x: jnp.dot(jnp.array([1.0, -2.0, 0.5]), x)  # noqa: E731
+    metric = jnp.array([[2.0, 0.3, 0.0], [0.3, 1.0, 0.1], [0.0, 0.1, 0.5]])
+    kl = lambda x: 0.5 * jnp.dot(x, metric @ x)  # noqa: E731
+    params, cfg = jnp.zeros(3), TRPOConfig(damping=1.0)
+    default, _ = trpo_step(surrogate, kl, params, cfg)
+    given, _ = trpo_step(
+        surrogate, kl, params, cfg, kl_hvp=lambda v: jax.jvp(jax.grad(kl), (params,), (v,))[1]
+    )
+    np.testing.assert_allclose(given, default, rtol=1e-10)
