@@ -106,6 +106,17 @@ def test_resumed_run_reaches_the_same_parameters(tmp_path):
     assert [k for k in keys if k[1] == "train"] == [(s, "train") for s in range(2, 13, 2)]
 
 
+def start_training(overrides: list[str]) -> subprocess.Popen:
+    """``python -m metalearn.train overrides...`` in the background, output on one pipe."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "metalearn.train", *overrides],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=checkout_env(),
+    )
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_saves_a_usable_checkpoint_and_resume_matches(tmp_path, signum):
     run_dir = tmp_path / "run"
@@ -118,13 +129,7 @@ def test_signal_saves_a_usable_checkpoint_and_resume_matches(tmp_path, signum):
         "trainer.eval_every=0",
         f"hydra.run.dir={run_dir}",
     ]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "metalearn.train", *overrides],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=checkout_env(),
-    )
+    proc = start_training(overrides)
     deadline = time.time() + 120
     metrics = run_dir / "metrics.jsonl"
     while time.time() < deadline and not (metrics.exists() and metrics.read_text().strip()):
@@ -178,13 +183,7 @@ def test_a_resumed_run_logs_the_averages_of_an_uninterrupted_one(tmp_path):
         "trainer.eval_every=0",
     ]
     overrides = [*TINY, "trainer.meta_steps=100000", *common, f"hydra.run.dir={run_dir}"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "metalearn.train", *overrides],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=checkout_env(),
-    )
+    proc = start_training(overrides)
     lines = []
     for line in proc.stdout:  # the start-up line; then a moment into the training loop
         lines.append(line)
