@@ -25,6 +25,18 @@ from metalearn.registry import PLUGINS_VARIABLE as PLUGINS
 SCHEMA_SUFFIX = "_schema"  # ConfigStore entries that hold a group's schema, not an option
 
 
+def selectable(group: str, option: str) -> bool:
+    """Whether ``group=option`` is a choice for a command line: not a ``NAME_schema`` entry (a
+    YAML's defaults, refused) nor a ``base_*`` experiment (the parts experiments share).
+
+    >>> [selectable("algorithm", "maml_schema"), selectable("experiment", "base_rl")]
+    [False, False]
+    """
+    if option.endswith(SCHEMA_SUFFIX):
+        return False
+    return not (group == "experiment" and option.startswith("base_"))
+
+
 def quoted_override(key: str, value: str) -> str:
     """``key=value`` as one shell word that Hydra's override grammar parses back to ``value``.
 
@@ -102,12 +114,7 @@ def composition_error_message(err: BaseException) -> str:
     cause = err.__cause__
     if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options:
         group, _, name = err.missing_cfg_file.rpartition("/")
-        options = [
-            o
-            for o in err.options
-            if not o.endswith(SCHEMA_SUFFIX)  # ConfigStore's schema entries
-            and not (group == "experiment" and o.startswith("base_"))  # shared by experiments
-        ]
+        options = [o for o in err.options if selectable(group, o)]
         close = difflib.get_close_matches(name, options, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
         message = (

@@ -9,6 +9,7 @@ resumes from its latest checkpoint.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import re
@@ -33,7 +34,7 @@ from metalearn.config import (
     register_configs,
     to_objects,
 )
-from metalearn.config_errors import composition_error_message
+from metalearn.config_errors import composition_error_message, selectable
 from metalearn.data.sources import DataSourceError
 from metalearn.registry import PluginError, load_plugins
 from metalearn.runner.compilation_cache import enable_compilation_cache
@@ -267,10 +268,42 @@ def _exit_on_bad_flags(argv: list[str]) -> None:
     parser.parse_args(argv)
 
 
+def _selectable_options_only(help_text: str) -> str:
+    """Hydra's ``--help`` with the group options a command line may select: without the
+    ``NAME_schema`` entries (the YAMLs' defaults, refused on the command line) and the
+    ``base_*`` experiments (the parts the experiments share).
+
+    >>> print(_selectable_options_only("algorithm: anil, anil_schema\\nexperiment: base_rl, x"))
+    algorithm: anil
+    experiment: x
+    """
+    lines = []
+    for line in help_text.split("\n"):
+        group, colon, options = line.partition(": ")
+        if colon and group in ("algorithm", "data", "model", "experiment") and "," in options:
+            kept = [o for o in options.split(", ") if selectable(group, o)]
+            line = f"{group}: {', '.join(kept)}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _print_help() -> None:
+    """Hydra's ``--help`` for this command line, listing only the options it may select."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(captured):
+            _main_with_one_line_errors()
+    finally:  # Hydra exits (SystemExit) once it has printed the help
+        print(_selectable_options_only(captured.getvalue()), end="")
+
+
 if __name__ == "__main__":
     sys.argv[1:] = _bare_flags_first(sys.argv[1:])
     _exit_on_bad_flags(sys.argv[1:])
     exit_on_renamed_keys(sys.argv[1:])
     for _signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(_signum, _stopped_early)
-    _main_with_one_line_errors()
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        _print_help()
+    else:
+        _main_with_one_line_errors()
