@@ -19,7 +19,7 @@ from scipy.stats import norm
 from metalearn.rl.baseline import advantages
 from metalearn.rl.envs import NAV2D, sample_goals
 from metalearn.rl.envs.nav2d import reset, step
-from metalearn.rl.estimators import _dice_weight
+from metalearn.rl.estimators import _dice_weight, collect_task_batch
 from metalearn.rl.inner import InnerConfig, inner_step, inner_surrogate
 from metalearn.rl.maml_rl import adaptation_batches
 from metalearn.rl.policy import gaussian_kl, gaussian_log_prob, init_policy, policy_apply
@@ -176,3 +176,14 @@ def test_trpo_damps_a_given_kl_hessian_product_as_its_own():
         surrogate, kl, params, cfg, kl_hvp=lambda v: jax.jvp(jax.grad(kl), (params,), (v,))[1]
     )
     np.testing.assert_allclose(given, default, rtol=1e-10)
+
+
+def test_the_post_update_return_is_the_discounted_return_from_the_first_step():
+    cfg = InnerConfig(num_rollouts=4, discount=0.9)
+    params = init_policy(jax.random.key(0), 2, 2, hidden=(8,))
+    goal = sample_goals(jax.random.key(1), 1)[0]
+    batch = collect_task_batch(NAV2D, policy_apply, params, jax.random.key(2), goal, cfg, 5)
+    rewards, mask = np.asarray(batch.post.rewards), np.asarray(batch.post.mask)
+    discounts = cfg.discount ** np.arange(rewards.shape[1])
+    expected = np.mean(np.sum(discounts * rewards * mask, axis=1))
+    assert float(batch.post_return) == pytest.approx(expected, rel=1e-10)
