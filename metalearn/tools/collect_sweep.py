@@ -98,7 +98,9 @@ def collect(sweep_dir: Path) -> tuple[list[dict], list[tuple[Path, str]], list[P
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m metalearn.tools.collect_sweep", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("sweep_dir", type=Path)
     parser.add_argument("--csv", type=Path, default=None, help="also write the table as CSV")
     args = parser.parse_args(argv)

@@ -120,7 +120,9 @@ def plot(run_dirs: list[Path], out: Path, metrics: list[str] | None = None) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m metalearn.tools.plot_learning_curves", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("run_dirs", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=Path("learning_curves.png"))
     parser.add_argument(

@@ -126,7 +126,9 @@ def plot(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m metalearn.tools.plot_rl_returns", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument(
         "runs", type=Path, nargs="+", help="run directories or evaluation JSON files"
     )

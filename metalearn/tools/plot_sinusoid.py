@@ -80,7 +80,9 @@ def initial_model_params(meta_params):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m metalearn.tools.plot_sinusoid", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--shots", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
