@@ -46,7 +46,6 @@ from metalearn.runner.rundir import (
     RunDirectoryError,
     no_space_message,
     record_kept_unless_trained,
-    restore_hydra_files,
 )
 from metalearn.runner.sweeps import record_job
 
@@ -83,14 +82,13 @@ def run(cfg: DictConfig, workdir: str) -> dict:
     check_writable(workdir)
     d = config.distributed
     initialize_distributed(d.enabled, d.coordinator_address, d.num_processes, d.process_id)
-    with record_kept_unless_trained(workdir):
-        prepare_run_directory(config, workdir)
-        path = os.path.join(workdir, "config.yaml")
-        partial = f"{path}.{os.getpid()}.tmp"  # never a half-written config.yaml (one per host)
-        with open(partial, "w") as f:
-            f.write(OmegaConf.to_yaml(cfg, resolve=True))
-        os.replace(partial, path)
-        return train_and_evaluate(config, workdir)
+    prepare_run_directory(config, workdir)
+    path = os.path.join(workdir, "config.yaml")
+    partial = f"{path}.{os.getpid()}.tmp"  # never a half-written config.yaml (one per host)
+    with open(partial, "w") as f:
+        f.write(OmegaConf.to_yaml(cfg, resolve=True))
+    os.replace(partial, path)
+    return train_and_evaluate(config, workdir)
 
 
 @hydra.main(version_base=None, config_path="pkg://metalearn.conf", config_name="config")
@@ -102,17 +100,17 @@ def main(cfg: DictConfig) -> float | None:
     workdir = hydra_cfg.runtime.output_dir
     sweep = hydra_cfg.mode == RunMode.MULTIRUN
     try:
-        load_plugins()  # again in a job of its own process (a submitit launcher's): a no-op here
-        check_group_choices(hydra_cfg.runtime.choices, _group_options())
-        summary = run(cfg, workdir)
+        # Hydra has rewritten .hydra/ already: a refusal or failure before a checkpoint is saved
+        # puts the run's record back, so the directory still says what its run was.
+        with record_kept_unless_trained(workdir):
+            load_plugins()  # again in a job of its own process (a submitit launcher's)
+            check_group_choices(hydra_cfg.runtime.choices, _group_options())
+            summary = run(cfg, workdir)
     except RunDirectoryError as err:
-        _keep_run_record(workdir)
         return _failed(workdir, sweep, f"error: {err}", 2, status="refused")
     except (ValueError, FileNotFoundError, NonFiniteError, DataSourceError) as err:
-        _keep_run_record(workdir)
         return _failed(workdir, sweep, f"error: {err}", 2)
     except Exception as err:
-        _keep_run_record(workdir)
         out_of_memory = out_of_memory_message(err)
         if out_of_memory:
             return _failed(workdir, sweep, f"error: {out_of_memory}", 2)
@@ -131,15 +129,6 @@ def main(cfg: DictConfig) -> float | None:
     if sweep:
         record_job(workdir, "ok")
     return summary["best_val_score"]
-
-
-def _keep_run_record(workdir: str) -> None:
-    """Put back the ``.hydra/`` files of the run ``workdir`` holds, if any: Hydra rewrote them
-    with this command line before the job could check it, and a refused value (or a crash
-    before the config was recorded) must not change what the directory says its run was
-    (``collect_sweep`` reads them). A run this command recorded is left as it is."""
-    with contextlib.suppress(OSError):  # e.g. a full disk: the error's own line matters more
-        restore_hydra_files(workdir)
 
 
 def _failed(

@@ -242,9 +242,11 @@ def record_config(cfg: Config, workdir: str, changed: dict[str, tuple[Any, Any]]
 def record_kept_unless_trained(workdir: str) -> Iterator[None]:
     """Put the run's recorded config back if the code inside raises before saving a checkpoint.
 
-    The config of a rerun is recorded (``config.yaml``, ``checkpoints/config.json``, the Hydra
+    Hydra rewrites ``.hydra/`` with the command line before the task can check it, and the
+    config of a rerun is recorded (``config.yaml``, ``checkpoints/config.json``, the Hydra
     files) before the checkpoint is restored and the experiment is built. If anything then
-    refuses it before a new checkpoint is saved (the restore finds other shapes,
+    refuses it before a new checkpoint is saved (an invalid value, another config,
+    :class:`RunDirectoryError`; the restore finds other shapes,
     :class:`~metalearn.runner.checkpoints.CheckpointMismatchError`; a value an algorithm
     refuses, ``algorithm.inner_lr=-0.01`` allowed by ``trainer.allow_changes``), the record is
     put back as it was: it describes the checkpoints in the directory, and a rerun with the
