@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -145,7 +146,7 @@ class Runner:
             on_chunk=on_chunk,
         )
 
-    def save(self, state, best_score: float, unlogged: list[tuple[int, dict]] = ()) -> None:
+    def save(self, state, best_score: float, unlogged: Sequence[tuple[int, dict]] = ()) -> None:
         """Checkpoint ``state``, with the training metrics of the steps since the last log line
         (``unlogged``), so that a resumed run logs the same averages as an uninterrupted one."""
         step, started = int(state.step), time.perf_counter()

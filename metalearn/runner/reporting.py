@@ -129,20 +129,19 @@ class _EventFile:
         # Imported here: tensorboardX imports torch when it is installed (about 1 s), which
         # commands that never write metrics (evaluate, a config error) should not pay.
         from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.summary import scalar
 
         os.makedirs(directory, exist_ok=True)
         # A name of its own: tensorboardX names files by the second, and two files opened within
         # one second would be one (the second truncating the first).
         suffix = f".{uuid.uuid4().hex[:12]}"
         self._writer = EventsWriter(os.path.join(directory, "events"), suffix)
+        self._event, self._scalar = Event, scalar
 
     def add_scalar(self, tag: str, value: float, step: int) -> None:
-        from tensorboardX.proto.event_pb2 import Event
-        from tensorboardX.summary import scalar
-
-        self._writer.write_event(
-            Event(wall_time=time.time(), step=step, summary=scalar(tag, value))
-        )
+        summary = self._scalar(tag, value)
+        self._writer.write_event(self._event(wall_time=time.time(), step=step, summary=summary))
 
     def flush(self) -> None:
         self._writer.flush()
