@@ -30,9 +30,8 @@ from tests.rl.test_nav2d import numpy_point_env
 
 @pytest.fixture(autouse=True)
 def float64():
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", False)
+    with jax.enable_x64(True):  # the setting as it was is restored after each test
+        yield
 
 
 def test_gaussian_log_prob_is_scipys_with_any_standard_deviation():
