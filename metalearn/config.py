@@ -17,7 +17,6 @@ import dataclasses
 import importlib.resources
 import math
 import os
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -32,6 +31,7 @@ import metalearn.data  # noqa: F401  (registers task distributions)
 import metalearn.models  # noqa: F401  (registers models)
 import metalearn.rl  # noqa: F401  (registers the RL task family, policy model and algorithm)
 from metalearn.config_errors import SCHEMA_SUFFIX, unknown_key_message, unknown_keys
+from metalearn.core.batching import TASK_BATCHING, is_task_batching
 from metalearn.data.sources import file_in_the_way
 from metalearn.registry import ALGORITHMS, MODELS, TASKS, Registry
 
@@ -57,8 +57,9 @@ class TrainerConfig:
     meta_steps: int = 70_000  # meta-updates in the whole run
     meta_batch_size: int = 25
     shots: int = 10  # support examples per class (per task for regression) during training
-    # auto | vmap | unroll | map | map<k>: how tasks in a meta-batch run. auto on CPU for conv
-    # models: map, with one XLA:CPU device per core each looping over its share of the tasks.
+    # auto | vmap | unroll | map | map<k>: how tasks in a meta-batch run. auto on CPU: map for
+    # RL task families, and for conv models with one XLA:CPU device per core each looping over
+    # its share of the tasks; vmap otherwise.
     task_batching: str = "auto"
     steps_per_call: int = 0  # meta-steps fused into one jitted call (lax.scan); 0: auto
     log_every: int = 1000
@@ -267,7 +268,6 @@ def _group_object(group: str, node: DictConfig) -> Any:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), node))
 
 
-TASK_BATCHING = ("auto", "vmap", "unroll", "map")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 SCHEDULES = ("constant", "cosine")
 
@@ -328,7 +328,7 @@ def validate(cfg: Config) -> None:
         t.keep_checkpoints >= 1, f"trainer.keep_checkpoints must be >= 1, got {t.keep_checkpoints}"
     )
     _require(
-        t.task_batching in TASK_BATCHING or re.fullmatch(r"map[1-9][0-9]*", t.task_batching),
+        is_task_batching(t.task_batching),
         f"trainer.task_batching must be one of {TASK_BATCHING} or map<k> (k loops side by "
         f"side, e.g. map2), got {t.task_batching!r}",
     )

@@ -8,9 +8,11 @@ Both sides run Finn et al.'s 2D-navigation meta-iteration with metalearn's defau
 post-update rollouts, horizon 100, the LVC meta-gradient and a TRPO step (CG 10 iterations on
 KL Hessian-vector products, backtracking line search). metalearn's side is
 :func:`metalearn.rl.maml_rl.make_meta_iteration`: one jitted call per meta-iteration, metrics
-fetched to the host after it as a training loop does. The peer (``scripts/bench_rl_torch.py``)
-is the same algorithm written the way PyTorch MAML-RL code is: a Python loop over tasks, a NumPy
-environment, one policy call per time step. Both start from the same weights.
+fetched to the host after it as a training loop does; ``--task-batching vmap,map`` gives a row
+for each way of batching its tasks (``auto``, the default: a loop over them on a CPU). The
+peer (``scripts/bench_rl_torch.py``) is the same algorithm written the way PyTorch MAML-RL code
+is: a Python loop over tasks, a NumPy environment, one policy call per time step. Both start from
+the same weights.
 
 Each implementation runs in a fresh process. Reported per implementation: seconds per
 meta-iteration (median of ``--iters`` timed iterations after ``--warmup`` untimed ones), env
@@ -51,6 +53,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tasks", type=int, default=20, help="meta-batch size (Finn et al.: 20)")
     p.add_argument("--rollouts", type=int, default=20, help="pre- and post-update, per task")
+    p.add_argument(
+        "--task-batching",
+        type=csv_list,
+        default=["auto"],
+        help="metalearn: task batchings, one row each (auto,vmap,map,map2; auto: map on CPU)",
+    )
     p.add_argument("--no-isolate", action="store_true", help="run both in this process")
     p.add_argument("--profile", action="store_true", help="metalearn: time its parts too")
     p.add_argument("--json", metavar="OUT", help="append one JSON object per line here")
@@ -59,6 +67,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for impl in args.impl:
         if impl not in IMPLS:
             raise ValueError(f"unknown impl {impl!r}: give --impl with {', '.join(IMPLS)}")
+    from metalearn.core.batching import TASK_BATCHING, is_task_batching
+
+    for batching in args.task_batching:
+        if not is_task_batching(batching):
+            raise ValueError(f"--task-batching: {batching!r} is not one of {TASK_BATCHING}, map<k>")
     if min(args.iters, args.threads, args.tasks, args.rollouts) < 1 or args.warmup < 0:
         raise ValueError("--iters, --threads, --tasks and --rollouts must be at least 1")
     return args
@@ -115,6 +128,7 @@ def run_metalearn(spec: dict[str, Any]) -> dict[str, Any]:
         num_tasks=spec["tasks"],
         num_post_rollouts=spec["rollouts"],
         inner=InnerConfig(num_rollouts=spec["rollouts"]),
+        task_batching=spec.get("task_batching", "auto"),
     )
     init, iteration = make_meta_iteration(NAV2D, policy_apply, cfg)
     layers = initial_weights(spec["seed"])
@@ -140,6 +154,7 @@ def run_metalearn(spec: dict[str, Any]) -> dict[str, Any]:
         "seconds": timed,
         "env_steps_per_iter": env_steps_per_iteration(cfg),
         "post_return_last": float(metrics["post_return"]),
+        "strategy": cfg.strategy,
         "jax_version": jax.__version__,
     }
     if spec.get("profile"):
@@ -199,17 +214,18 @@ def print_table(rows: list[dict[str, Any]], out=None) -> None:
     """Seconds per iteration, env steps/s, compile s; ratio = torch s / metalearn s."""
     out = out or sys.stdout
     ref = {r["impl"]: r.get("s_per_iter") for r in rows if "error" not in r}
-    print(f"{'impl':<10} {'s/iter':>8} {'min s':>8} {'env steps/s':>12} {'compile s':>9} "
+    print(f"{'impl':<16} {'s/iter':>8} {'min s':>8} {'env steps/s':>12} {'compile s':>9} "
           f"{'first s':>8} {'ratio':>7} {'load':>5}", file=out)  # fmt: skip
     for r in rows:
         if "error" in r:
-            print(f"{r['impl']:<10} ERROR {r['error'][:300]}", file=out)
+            print(f"{r['impl']:<16} ERROR {r['error'][:300]}", file=out)
             continue
         ratio = ""
         if r["impl"] == "metalearn" and ref.get("torch"):
             ratio = f"{ref['torch'] / r['s_per_iter']:.1f}x"
+        name = r["impl"] + (f" ({r['strategy']})" if "strategy" in r else "")
         print(
-            f"{r['impl']:<10} {r['s_per_iter']:8.3f} {r['s_min']:8.3f} "
+            f"{name:<16} {r['s_per_iter']:8.3f} {r['s_min']:8.3f} "
             f"{r['env_steps_per_s']:12,.0f} {r['compile_s']:9.1f} {r['first_iter_s']:8.2f} "
             f"{ratio:>7} {r['load_1m']:5.1f}",
             file=out,
@@ -237,7 +253,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         print(json.dumps(run_spec(json.loads(args.row))), flush=True)
         return []
     rows = []
-    for impl in args.impl:
+    runs = [
+        (impl, batching)
+        for impl in args.impl
+        for batching in (args.task_batching if impl == "metalearn" else [None])
+    ]
+    for impl, batching in runs:
         spec = {
             "impl": impl,
             "iters": args.iters,
@@ -248,7 +269,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             "torch_threads": args.threads,
             "profile": args.profile and impl == "metalearn",
         }
-        print(f"... {impl}", file=sys.stderr, flush=True)
+        if batching is not None:
+            spec["task_batching"] = batching
+        print(f"... {impl} {batching or ''}", file=sys.stderr, flush=True)
         row = run_spec(spec) if args.no_isolate else run_isolated(spec)
         rows.append(row)
         if args.json:

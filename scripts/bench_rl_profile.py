@@ -16,6 +16,7 @@ arithmetic takes on this machine, whoever runs it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import statistics
 import time
@@ -67,14 +68,16 @@ def peak_gflops(rows: int = 40_000, width: int = 100, repeat: int = 20) -> float
 def compute_floor(params: Any, key: jax.Array, cfg) -> dict[str, float]:
     """GFLOP of the meta-iteration's parts at ``params`` and the time they need at
     :func:`peak_gflops`."""
-    inner, est = cfg.inner, cfg.estimator
+    # XLA counts a loop's body once: count the program with the tasks under vmap
+    cfg = dataclasses.replace(cfg, task_batching="vmap")
+    inner, est, strategy = cfg.inner, cfg.estimator, cfg.strategy
     batch = _collector(cfg)(params, key)
     objectives = functools.partial(trpo_objectives, policy_apply, cfg)  # batch -> (surr., kl)
     v = jax.tree.map(jnp.ones_like, params)
 
     def products(count):  # linearise once, then `count` Fisher-vector products, unrolled
         def run(params, batch, v):
-            fisher = post_kl_fisher(policy_apply, params, batch, inner, est)
+            fisher = post_kl_fisher(policy_apply, params, batch, inner, est, strategy)
             for _ in range(count):
                 v = fisher(v)
             return v
@@ -126,8 +129,9 @@ def _collector(cfg):
 
 
 def profile_metalearn(params: Any, key: jax.Array, cfg) -> dict[str, float]:
-    """Milliseconds of each jitted part of one meta-iteration at ``params``."""
-    inner, est = cfg.inner, cfg.estimator
+    """Milliseconds of each jitted part of one meta-iteration at ``params``, the tasks batched
+    as ``cfg.task_batching`` says."""
+    inner, est, strategy = cfg.inner, cfg.estimator, cfg.strategy
     collect = _collector(cfg)
 
     objectives = functools.partial(trpo_objectives, policy_apply, cfg)  # batch -> (surr., kl)
@@ -139,17 +143,17 @@ def profile_metalearn(params: Any, key: jax.Array, cfg) -> dict[str, float]:
         return fisher_vector_product(objectives(batch)[1], params, v, cfg.trpo.damping)
 
     def fvp_gn(params, batch, v):  # J^T F J, what make_meta_iteration uses
-        return post_kl_fisher(policy_apply, params, batch, inner, est)(v)
+        return post_kl_fisher(policy_apply, params, batch, inner, est, strategy)(v)
 
     def cg(params, batch, g):
-        fisher = post_kl_fisher(policy_apply, params, batch, inner, est)
+        fisher = post_kl_fisher(policy_apply, params, batch, inner, est, strategy)
         matvec = lambda v: jax.tree.map(lambda h, x: h + cfg.trpo.damping * x, fisher(v), v)  # noqa: E731
         return cg_solve(matvec, g, max_iters=cfg.trpo.cg_iters, tol=1e-10).x
 
     evaluate = _line_search_evaluation(objectives)
 
     def step(params, batch):
-        fisher = post_kl_fisher(policy_apply, params, batch, inner, est)
+        fisher = post_kl_fisher(policy_apply, params, batch, inner, est, strategy)
         return trpo_step(*objectives(batch), params, cfg.trpo, kl_hvp=fisher)
 
     batch = collect(params, key)

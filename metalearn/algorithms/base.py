@@ -63,9 +63,11 @@ class MetaLearner(NamedTuple):
     - ``batch_update`` (optional): for an outer step that needs the whole meta-batch at once
       rather than a mean of per-task gradients (TRPO's KL-constrained step, PPO's epochs over
       stored rollouts: :mod:`metalearn.rl.algorithm`),
-      ``batch_update(meta_params, opt_state, tasks, keys, optimizer) -> (meta_params, opt_state,
-      metrics)`` with ``tasks`` stacked on a leading axis and one key per task. The runner's
-      ``meta_train_step`` calls it instead of averaging ``task_grad`` and applying ``optimizer``.
+      ``batch_update(meta_params, opt_state, tasks, keys, optimizer, strategy) -> (meta_params,
+      opt_state, metrics)`` with ``tasks`` stacked on a leading axis, one key per task, and
+      ``strategy`` how to batch them (:func:`~metalearn.core.batching.map_over_tasks`). The
+      runner's ``meta_train_step`` calls it instead of averaging ``task_grad`` and applying
+      ``optimizer``.
     """
 
     init: Callable[[jax.Array, PyTree], PyTree]

@@ -183,9 +183,10 @@ def maml_rl(
         grads = jax.grad(lambda p: -surrogate(p))(meta_params)
         return grads, Aux(ctx.model_state, {"post_return": jnp.mean(episode_returns(batch.post))})
 
-    def batch_update(meta_params, opt_state, tasks: Task, keys, optimizer):
-        batch = collect_meta_batch(env, policy_apply, cfg, meta_params, keys, tasks.support)
-        return outer_update(policy_apply, cfg, meta_params, opt_state, optimizer, batch)
+    def batch_update(meta_params, opt_state, tasks: Task, keys, optimizer, strategy):
+        step_cfg = dataclasses.replace(cfg, task_batching=strategy)
+        batch = collect_meta_batch(env, policy_apply, step_cfg, meta_params, keys, tasks.support)
+        return outer_update(policy_apply, step_cfg, meta_params, opt_state, optimizer, batch)
 
     def evaluate(meta_params, task: Task, ctx: TaskContext, steps):
         steps = tuple(int(s) for s in steps)

@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from metalearn.core.batching import mean_over_tasks
 from metalearn.rl.baseline import advantages, discounted_returns
 from metalearn.rl.envs.base import Env
 from metalearn.rl.inner import InnerConfig, adapt_from_batches, inner_step, sample_adaptation
@@ -173,58 +174,54 @@ def post_kl_fisher(
     batch: TaskBatch,
     cfg: InnerConfig,
     estimator: str = "dice",
+    strategy: str = "vmap",
 ):
     """``v -> H v`` with ``H`` the Hessian at ``params`` of the mean over tasks of
-    :func:`post_kl` (``batch`` stacked over tasks), in Gauss-Newton form ``J^T F J``.
+    :func:`post_kl` (``batch`` stacked over tasks), in Gauss-Newton form ``J^T F J``; each
+    product is the mean of the tasks' own products, batched as ``strategy`` says
+    (:func:`~metalearn.core.batching.mean_over_tasks`).
 
     ``J`` is the Jacobian of each task's adapted parameters and ``F`` the Hessian of the KL in
     them. At the sampling parameters the KL's gradient in the adapted parameters is zero, so
     ``J^T F J`` is the exact Hessian, at second-order autodiff cost instead of the third order
     of differentiating ``grad(post_kl)`` through the inner step; tests/rl/test_trpo.py checks it
-    against :func:`metalearn.hvp`. Both factors are linearised once, whatever the number of
-    products asked for:
+    against :func:`metalearn.hvp`.
 
     - ``J = J_S ... J_1``, each inner step's ``J_s = I + lr_s H_s`` with ``H_s`` the Hessian of
       that step's surrogate: symmetric, so ``J^T`` applies the same linear maps in reverse order
-      (no transposed program; each task's map is linearised at its own parameters).
+      (``jax.linearize`` of the step; no transposed program).
     - ``F = D^T W D``, with ``D`` the Jacobian of the policy's outputs (mean and log-std) on the
       post-update observations and ``W`` the KL's Hessian in those outputs at the sampling
       policy: ``1 / sigma^2`` for the mean, 2 for the log-std, per valid step (the cross terms
       vanish where the two policies agree).
+
+    Each product linearises a task's maps again (a forward pass more than keeping them from one
+    linearisation for all products); under ``vmap`` on a CPU that costs nothing measurable
+    (experiments/benchmarks/README.md, section RL), and it lets a loop over the tasks hold
+    one task's intermediates at a time.
     """
     lvc = estimator == "lvc"
-    num_tasks = batch.post.mask.shape[0]
 
-    def per_task(tree):
-        return jax.tree.map(lambda x: jnp.broadcast_to(x, (num_tasks, *x.shape)), tree)
-
-    theta, steps = per_task(params), []
-    for traj, adv, lr in zip(batch.pre, batch.pre_adv, cfg.lrs, strict=False):
-
-        def step(thetas, traj=traj, adv=adv, lr=lr):
-            one = lambda p, t, a: inner_step(policy_apply, p, t, a, lr, lvc=lvc)  # noqa: E731
-            return jax.vmap(one)(thetas, traj, adv)
-
-        theta, linear = jax.linearize(step, theta)
-        steps.append(linear)
-
-    outputs = lambda thetas: jax.vmap(policy_apply)(thetas, batch.post.obs)  # noqa: E731
-    (_, log_std), d_outputs = jax.linearize(outputs, theta)
-    d_outputs_t = jax.linear_transpose(d_outputs, theta)
-    valid = batch.post.mask  # (tasks, rollouts, horizon): each task's KL is a mean over these
-    weight = (valid / jnp.sum(valid, axis=(1, 2), keepdims=True) / num_tasks)[..., None]
-
-    def product(v: Params) -> Params:
-        u = per_task(v)
+    def task_product(task: TaskBatch, v: Params) -> Params:
+        theta, steps = params, []
+        for traj, adv, lr in zip(task.pre, task.pre_adv, cfg.lrs, strict=False):
+            step = lambda p, t=traj, a=adv, r=lr: inner_step(policy_apply, p, t, a, r, lvc=lvc)  # noqa: E731
+            theta, linear = jax.linearize(step, theta)
+            steps.append(linear)
         for linear in steps:
-            u = linear(u)
-        d_mean, d_log_std = d_outputs(u)
-        (u,) = d_outputs_t((d_mean * jnp.exp(-2.0 * log_std) * weight, 2.0 * d_log_std * weight))
+            v = linear(v)
+        (_, log_std), d_outputs = jax.linearize(lambda p: policy_apply(p, task.post.obs), theta)
+        valid = task.post.mask  # (rollouts, horizon): the task's KL is a mean over these
+        weight = (valid / jnp.sum(valid))[..., None]
+        d_mean, d_log_std = d_outputs(v)
+        (v,) = jax.linear_transpose(d_outputs, theta)(
+            (d_mean * jnp.exp(-2.0 * log_std) * weight, 2.0 * d_log_std * weight)
+        )
         for linear in reversed(steps):
-            u = linear(u)
-        return jax.tree.map(lambda x: jnp.sum(x, axis=0), u)
+            v = linear(v)
+        return v
 
-    return product
+    return lambda v: mean_over_tasks(lambda task: task_product(task, v), batch, strategy)
 
 
 def task_loss(

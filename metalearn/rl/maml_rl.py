@@ -1,8 +1,9 @@
 """MAML-RL's whole meta-iteration as one compiled function (Finn et al. 2017, Section 5.3).
 
 One call samples a meta-batch of tasks, runs every task's inner loop and post-update rollouts
-(``vmap`` over tasks and rollouts, ``lax.scan`` over time), and takes the outer step (TRPO or
-the clipped surrogate) on the chosen meta-gradient estimator. ``num_steps=0`` in the inner
+(``vmap`` over rollouts, ``lax.scan`` over time, and over tasks ``vmap`` or, on a CPU, a loop:
+``task_batching``), and takes the outer step (TRPO or the clipped surrogate) on the chosen
+meta-gradient estimator. ``num_steps=0`` in the inner
 config gives plain TRPO/PPO on the task distribution ("pretrained on all tasks").
 """
 
@@ -16,6 +17,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from metalearn.core.batching import (
+    TASK_BATCHING,
+    default_task_batching,
+    is_task_batching,
+    map_over_tasks,
+    mean_over_tasks,
+)
 from metalearn.rl.envs.base import Env
 from metalearn.rl.estimators import (
     ESTIMATORS,
@@ -41,6 +49,11 @@ class MAMLRLConfig:
     distribution at low variance. ``"dice"`` is exactly unbiased (tests/rl/test_estimators.py)
     but its score term over all 20 x 100 pre-update steps is too noisy at these batch sizes
     (experiments/rl/README.md); ``"maml"`` reproduces the paper's estimator.
+
+    ``task_batching``: how the tasks are batched in sampling, the meta-gradient, the
+    Fisher-vector products and the line search (:func:`~metalearn.core.batching.map_over_tasks`);
+    ``auto`` loops over them on a CPU (each task's adapted weights under ``vmap`` make batched
+    matrix products, which XLA:CPU runs far slower) and uses ``vmap`` elsewhere.
     """
 
     num_tasks: int = 20
@@ -50,12 +63,23 @@ class MAMLRLConfig:
     outer: str = "trpo"
     trpo: TRPOConfig = field(default_factory=TRPOConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    task_batching: str = "auto"
 
     def __post_init__(self) -> None:
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
         if self.outer not in ("trpo", "ppo"):
             raise ValueError(f"outer must be 'trpo' or 'ppo', got {self.outer!r}")
+        if not is_task_batching(self.task_batching):
+            raise ValueError(
+                f"task_batching must be one of {TASK_BATCHING} or map<k>, got "
+                f"{self.task_batching!r}"
+            )
+
+    @property
+    def strategy(self) -> str:
+        """``task_batching`` with ``auto`` resolved for this backend."""
+        return default_task_batching(True) if self.task_batching == "auto" else self.task_batching
 
 
 class MetaRLState(NamedTuple):
@@ -68,19 +92,23 @@ class MetaRLState(NamedTuple):
 def collect_meta_batch(
     env: Env, policy_apply: PolicyApply, cfg: MAMLRLConfig, params: Params, keys, tasks
 ) -> TaskBatch:
-    """Every task's inner loop and post-update batch (``vmap`` over the tasks and their keys)."""
+    """Every task's inner loop and post-update batch, over the tasks and their keys as
+    ``cfg.task_batching`` says."""
 
-    def collect(key, task):
+    def collect(key_and_task):
+        key, task = key_and_task
         return collect_task_batch(
             env, policy_apply, params, key, task, cfg.inner, cfg.num_post_rollouts
         )
 
-    return jax.vmap(collect)(keys, tasks)
+    return map_over_tasks(collect, (keys, tasks), cfg.strategy)
 
 
-def _mean_over_tasks(fn: Callable, batch: TaskBatch) -> Callable[[Params], jax.Array]:
+def _mean_over_tasks(
+    fn: Callable, batch: TaskBatch, strategy: str
+) -> Callable[[Params], jax.Array]:
     """``params -> mean over the batch's tasks of fn(params, task_batch)``."""
-    return lambda p: jnp.mean(jax.vmap(lambda b: fn(p, b))(batch))
+    return lambda p: mean_over_tasks(lambda b: fn(p, b), batch, strategy)
 
 
 def trpo_objectives(
@@ -90,9 +118,13 @@ def trpo_objectives(
     parameters: the meta-surrogate of ``cfg.estimator`` and the post-update policies' KL from
     the sampling ones, both means over the tasks (what :func:`outer_update` steps on)."""
     surrogate = _mean_over_tasks(
-        lambda p, b: meta_surrogate(policy_apply, p, b, cfg.inner, cfg.estimator), batch
+        lambda p, b: meta_surrogate(policy_apply, p, b, cfg.inner, cfg.estimator),
+        batch,
+        cfg.strategy,
     )
-    kl = _mean_over_tasks(lambda p, b: post_kl(policy_apply, p, b, cfg.inner, cfg.estimator), batch)
+    kl = _mean_over_tasks(
+        lambda p, b: post_kl(policy_apply, p, b, cfg.inner, cfg.estimator), batch, cfg.strategy
+    )
     return surrogate, kl
 
 
@@ -118,13 +150,14 @@ def outer_update(
     if cfg.outer == "trpo":
         surrogate, kl = trpo_objectives(policy_apply, cfg, batch)
         # the KL's Hessian as J^T F J: exact at the sampling parameters, second order
-        fisher = post_kl_fisher(policy_apply, params, batch, cfg.inner, cfg.estimator)
+        fisher = post_kl_fisher(policy_apply, params, batch, cfg.inner, cfg.estimator, cfg.strategy)
         params, info = trpo_step(surrogate, kl, params, cfg.trpo, kl_hvp=fisher)
         metrics.update(info._asdict())
         return params, opt_state, metrics
     objective = _mean_over_tasks(
         lambda p, b: clipped_surrogate(policy_apply, p, b, cfg.inner, cfg.estimator, cfg.ppo.clip),
         batch,
+        cfg.strategy,
     )
     params, opt_state, value = ppo_epochs(
         objective, params, opt_state, optimizer, cfg.ppo.num_epochs
@@ -191,10 +224,11 @@ def adaptation_returns(
 
 
 def make_adaptation_eval(
-    env: Env, policy_apply: PolicyApply, inner: InnerConfig
+    env: Env, policy_apply: PolicyApply, inner: InnerConfig, task_batching: str = "auto"
 ) -> Callable[[Params, jax.Array, Any], jax.Array]:
     """Jitted ``(params, key, tasks) -> returns`` of shape ``(num_tasks, inner.num_steps + 1)``:
-    :func:`adaptation_returns` of each task.
+    :func:`adaptation_returns` of each task, the tasks batched as ``task_batching`` says (see
+    :class:`MAMLRLConfig`).
 
     >>> from metalearn.rl.envs import NAV2D, sample_goals
     >>> from metalearn.rl.policy import init_policy, policy_apply
@@ -204,11 +238,15 @@ def make_adaptation_eval(
     >>> evaluate(params, jax.random.key(1), sample_goals(jax.random.key(2), 4)).shape
     (4, 3)
     """
+    strategy = MAMLRLConfig(inner=inner, task_batching=task_batching).strategy
 
     def evaluate(params, key, tasks):
         num = jax.tree.leaves(tasks)[0].shape[0]
         keys = jax.random.split(key, num)
-        one = lambda k, t: adaptation_returns(env, policy_apply, params, k, t, inner)  # noqa: E731
-        return jax.vmap(one)(keys, tasks)
+
+        def one(key_and_task):
+            return adaptation_returns(env, policy_apply, params, *key_and_task, inner)
+
+        return map_over_tasks(one, (keys, tasks), strategy)
 
     return jax.jit(evaluate)

@@ -15,6 +15,7 @@ from metalearn.config import Config, OptimizerConfig
 from metalearn.data.task import Objective, TaskFamily, family_objective
 from metalearn.models.base import Model, ModelParts, model_from_flax
 from metalearn.registry import ALGORITHMS, MODELS, TASKS
+from metalearn.rl.family import RLObjective
 from metalearn.runner.cpu_backend import auto_cpu_devices, usable_cores
 from metalearn.runner.steps import (
     TrainState,
@@ -255,7 +256,9 @@ def build_experiment(cfg: Config) -> Experiment:
     optimizer = build_optimizer(cfg.optimizer, cfg.trainer.meta_steps)
     root = jax.random.key(cfg.seed)
     state = init_train_state(learner, model, optimizer, jax.random.fold_in(root, INIT_STREAM))
-    strategy = resolve_task_batching(cfg.trainer.task_batching, model)
+    strategy = resolve_task_batching(
+        cfg.trainer.task_batching, model, rl=isinstance(objective, RLObjective)
+    )
     steps_per_call = resolve_steps_per_call(cfg.trainer.steps_per_call, model)
     inner_lr = getattr(cfg.algorithm, "inner_lr", None)
     train_key = jax.random.fold_in(root, TRAIN_STREAM)

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from metalearn.algorithms.base import MetaLearner, TaskContext, context
+from metalearn.core.batching import default_task_batching, map_over_tasks, mean_over_tasks
 from metalearn.data.task import TaskFamily
 from metalearn.models.base import Model
 from metalearn.runner.devices import (
@@ -50,23 +51,24 @@ def trained(state: TrainState) -> Trained:
     return Trained(state.meta_params, state.model_state)
 
 
-def resolve_task_batching(strategy: str, model: Model) -> str:
-    """Pick how the tasks of a meta-batch are batched, when the config says ``auto``.
+def resolve_task_batching(strategy: str, model: Model, *, rl: bool = False) -> str:
+    """Pick how the tasks of a meta-batch are batched, when the config says ``auto``
+    (:func:`~metalearn.core.batching.default_task_batching`).
 
     On GPUs and TPUs, ``vmap``. On CPU, ``vmap`` for dense models, but ``map`` (one task per
-    loop iteration) for convolutional ones (``Model.is_convolutional``): per-task kernels under
-    ``vmap`` become grouped convolutions, which XLA:CPU expands, and one task's matrix products
-    are already large enough for the CPU; a Python loop unrolled inside ``jit`` (``unroll``)
-    makes the program 32 times larger and compiles for minutes. So that both cores of a CPU
-    work, a run started with ``auto`` also splits the tasks across one XLA:CPU device per core
+    loop iteration) for convolutional ones (``Model.is_convolutional``) and for RL task
+    families (``rl``: each task is thousands of policy evaluations): per-task weights under
+    ``vmap`` become batched matrix products and grouped convolutions, which XLA:CPU runs far
+    slower, and one such task is already large enough for the CPU; a Python loop unrolled
+    inside ``jit`` (``unroll``) makes the program 32 times larger and compiles for minutes. So
+    that both cores of a CPU work, a run of a convolutional model started with ``auto`` also
+    splits the tasks across one XLA:CPU device per core
     (:func:`metalearn.runner.experiment.cpu_devices_for`), each looping over its share.
     Measured in experiments/benchmarks/.
     """
     if strategy != "auto":
         return strategy
-    if jax.default_backend() != "cpu":
-        return "vmap"
-    return "map" if model.is_convolutional else "vmap"
+    return default_task_batching(model.is_convolutional or rl)
 
 
 def resolve_steps_per_call(steps_per_call: int, model: Model) -> int:
@@ -81,82 +83,6 @@ def resolve_steps_per_call(steps_per_call: int, model: Model) -> int:
     if jax.default_backend() == "cpu" and model.is_convolutional:
         return 10
     return 100
-
-
-def parallel_chains(strategy: str) -> int | None:
-    """``k`` for a ``map<k>`` strategy (``"map2"``: two loops side by side), else None.
-
-    >>> parallel_chains("map2"), parallel_chains("map")
-    (2, None)
-    """
-    if strategy.startswith("map") and strategy[3:].isdigit() and int(strategy[3:]) >= 1:
-        return int(strategy[3:])
-    return None
-
-
-def map_over_tasks(fn: Callable[[PyTree], PyTree], tasks: PyTree, strategy: str) -> PyTree:
-    """Apply ``fn`` to each task (leading axis of ``tasks``); results stacked on axis 0.
-
-    ``vmap``; ``map`` (a ``lax.map`` loop, one task at a time); ``map<k>`` (the tasks split
-    into ``k`` groups, each a ``lax.map`` loop, the loops side by side so XLA:CPU can run them
-    on different cores); ``unroll`` (a Python loop inside ``jit``).
-
-    >>> import jax.numpy as jnp
-    >>> map_over_tasks(jnp.sum, jnp.arange(8.0).reshape(4, 2), "map2").tolist()
-    [1.0, 5.0, 9.0, 13.0]
-    """
-    chains = parallel_chains(strategy)
-    if chains is not None:
-        count = jax.tree_util.tree_leaves(tasks)[0].shape[0]
-        if count % chains:
-            raise ValueError(f"meta-batch {count} is not a multiple of {chains} chains")
-        groups = jax.tree_util.tree_map(lambda t: t.reshape(chains, -1, *t.shape[1:]), tasks)
-        outs = [
-            jax.lax.map(fn, jax.tree_util.tree_map(lambda t, i=i: t[i], groups))
-            for i in range(chains)
-        ]
-        return jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs), *outs)
-    if strategy == "vmap":
-        return jax.vmap(fn)(tasks)
-    if strategy == "map":
-        return jax.lax.map(fn, tasks)
-    if strategy == "unroll":
-        count = jax.tree_util.tree_leaves(tasks)[0].shape[0]
-        outs = [fn(jax.tree_util.tree_map(lambda t, i=i: t[i], tasks)) for i in range(count)]
-        return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *outs)
-    raise ValueError(f"unknown task batching strategy {strategy!r}")
-
-
-def mean_over_tasks(
-    fn: Callable[[PyTree], PyTree], tasks: PyTree, strategy: str, *, in_carry: bool = True
-) -> PyTree:
-    """The mean of ``fn(task)`` over the leading axis of ``tasks``.
-
-    With ``map`` (and ``in_carry``) the loop accumulates the sum in its carry instead of
-    stacking one result per task and reducing afterwards: no ``[tasks, *params]`` buffer, and
-    no large reduction after the loop (XLA:CPU took 17 ms to average 32 Conv4 kernel gradients
-    that way). ``in_carry=False`` stacks and reduces anyway. With several devices, each one
-    runs this on its own share of the tasks (:func:`~metalearn.runner.devices.over_task_shards`).
-
-    >>> import jax.numpy as jnp
-    >>> tasks = jnp.arange(6.0).reshape(3, 2)
-    >>> [float(mean_over_tasks(jnp.sum, tasks, s)) for s in ("vmap", "map", "unroll")]
-    [5.0, 5.0, 5.0]
-    """
-    if strategy != "map" or not in_carry:
-        stacked = map_over_tasks(fn, tasks, strategy)
-        return jax.tree_util.tree_map(lambda x: jnp.mean(x, axis=0), stacked)
-    count = jax.tree_util.tree_leaves(tasks)[0].shape[0]
-    shapes = jax.eval_shape(fn, jax.tree_util.tree_map(lambda t: t[0], tasks))
-    zeros = jax.tree_util.tree_map(
-        lambda s: jnp.zeros(s.shape, jnp.result_type(s.dtype, jnp.float32)), shapes
-    )
-
-    def accumulate(total, task):
-        return jax.tree_util.tree_map(jnp.add, total, fn(task)), None
-
-    total, _ = jax.lax.scan(accumulate, zeros, tasks)
-    return jax.tree_util.tree_map(lambda x: x / count, total)
 
 
 def sample_tasks(
@@ -256,8 +182,14 @@ def make_meta_train_step(
         count = jax.tree_util.tree_leaves(tasks)[0].shape[0]
         keys = jax.random.split(jax.random.fold_in(key, state.step), count)
         if learner.batch_update is not None:  # an outer step on the whole meta-batch (TRPO)
+            # across devices, XLA partitions the vmap over the task axis the tasks are split on
             meta_params, opt_state, metrics = learner.batch_update(
-                state.meta_params, state.opt_state, tasks, keys, optimizer
+                state.meta_params,
+                state.opt_state,
+                tasks,
+                keys,
+                optimizer,
+                strategy if mesh is None else "vmap",
             )
             new_state = TrainState(state.step + 1, meta_params, state.model_state, opt_state)
             return constrain_replicated((new_state, metrics), mesh)

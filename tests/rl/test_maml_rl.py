@@ -48,6 +48,35 @@ def test_meta_iteration_runs_and_changes_the_policy(overrides):
 def test_bad_estimator_is_refused_with_the_choices():
     with pytest.raises(ValueError, match="dice"):
         MAMLRLConfig(estimator="reinforce")
+    with pytest.raises(ValueError, match="task_batching must be one of .*'vmap'.*got 'pmap'"):
+        MAMLRLConfig(task_batching="pmap")
+
+
+@pytest.mark.parametrize("outer", ["trpo", "ppo"])
+def test_every_task_batching_takes_the_same_meta_iteration(outer):
+    """vmap over the tasks, one loop over them, two loops side by side: the same samples, the
+    same step (in float64, so that the comparison is tight)."""
+    results = {}
+    with jax.enable_x64(True):
+        params = jax.tree.map(lambda x: x.astype(np.float64), _params())
+        for strategy in ("vmap", "map", "map2"):
+            cfg = MAMLRLConfig(
+                num_tasks=4,
+                num_post_rollouts=3,
+                inner=InnerConfig(num_rollouts=3),
+                outer=outer,
+                trpo=TRPOConfig(cg_iters=3),
+                task_batching=strategy,
+            )
+            init, iteration = make_meta_iteration(NAV2D, policy_apply, cfg)
+            results[strategy] = iteration(init(params), jax.random.key(3))
+    (state, metrics) = results["vmap"]
+    moved = jax.tree.map(lambda a, b: np.abs(a - b).max(), state.params, params)
+    assert max(float(m) for m in jax.tree.leaves(moved)) > 1e-4  # a real step
+    for strategy in ("map", "map2"):
+        other_state, other_metrics = results[strategy]
+        chex.assert_trees_all_close(other_state.params, state.params, rtol=1e-9, atol=1e-12)
+        chex.assert_trees_all_close(other_metrics, metrics, rtol=1e-9, atol=1e-12)
 
 
 def test_adaptation_eval_returns_the_mean_return_of_each_step():
@@ -55,6 +84,9 @@ def test_adaptation_eval_returns_the_mean_return_of_each_step():
     evaluate = make_adaptation_eval(NAV2D, policy_apply, inner)
     goals = sample_goals(jax.random.key(1), 2)
     returns = np.asarray(evaluate(_params(), jax.random.key(2), goals))
+    for strategy in ("vmap", "map"):  # the tasks batched either way: the same returns
+        other = make_adaptation_eval(NAV2D, policy_apply, inner, task_batching=strategy)
+        np.testing.assert_allclose(other(_params(), jax.random.key(2), goals), returns, rtol=1e-5)
     assert returns.shape == (2, 2) and np.all(returns < 0)
     # A zero inner rate leaves the policy unchanged: both columns estimate the same return.
     gap = np.abs(returns[:, 0] - returns[:, 1])

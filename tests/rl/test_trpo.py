@@ -146,9 +146,12 @@ def test_gauss_newton_kl_hvp_equals_metalearn_hvp_of_the_mean_kl(inner):
             return jnp.mean(per_task)
 
         expected = ravel_pytree(fisher_vector_product(kl, params, v))[0]
-        fisher = post_kl_fisher(policy_apply, params, batch, inner, estimator)
-        got = ravel_pytree(fisher(v))[0]
-        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max())
+        # every way of batching the 3 tasks: vmap, one loop, three loops side by side
+        for strategy in ("vmap", "map", "map3"):
+            fisher = post_kl_fisher(policy_apply, params, batch, inner, estimator, strategy)
+            got = ravel_pytree(jax.jit(fisher)(v))[0]
+            scale = np.abs(expected).max()
+            np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5 * scale)
     surrogate = lambda p: jnp.mean(  # noqa: E731
         jax.vmap(lambda b: meta_surrogate(policy_apply, p, b, inner, "maml"))(batch)
     )

@@ -11,11 +11,11 @@ import optax
 import pytest
 
 from metalearn.algorithms.maml import maml
+from metalearn.core import batching as task_batching
 from metalearn.data.episodes import episode_distribution
 from metalearn.data.task import family_objective
 from metalearn.models.base import model_from_flax, stateless
 from metalearn.models.conv4 import CONV4_PARTS, Conv4Config, conv4
-from metalearn.runner import steps
 from metalearn.runner.steps import (
     TrainState,
     make_meta_step,
@@ -63,16 +63,20 @@ def test_every_task_batching_gives_the_same_meta_step(conv):
     assert float(max(jax.tree_util.tree_leaves(moved.meta_params))) > 0  # a real step
 
 
-def test_cpu_default_batching_is_map_for_conv_models_and_vmap_for_dense(monkeypatch):
-    """The model declares whether it is convolutional; parameter shapes say nothing."""
+def test_cpu_default_batching_is_map_for_conv_models_and_rl_and_vmap_for_dense(monkeypatch):
+    """The model declares whether it is convolutional; parameter shapes say nothing. RL tasks
+    (thousands of policy evaluations each) loop on a CPU whatever the policy."""
     conv_params = stateless(lambda k: {"w": jnp.zeros((4, 4))}, None, is_convolutional=True)
     dense_params = stateless(lambda k: {"w": jnp.zeros((3, 3, 1, 4))}, None)
-    monkeypatch.setattr(steps.jax, "default_backend", lambda: "cpu")
+    monkeypatch.setattr(task_batching.jax, "default_backend", lambda: "cpu")
     assert resolve_task_batching("auto", conv_params) == "map"
     assert resolve_task_batching("auto", dense_params) == "vmap"
+    assert resolve_task_batching("auto", dense_params, rl=True) == "map"
     assert resolve_task_batching("unroll", conv_params) == "unroll"
-    monkeypatch.setattr(steps.jax, "default_backend", lambda: "gpu")
+    assert resolve_task_batching("vmap", dense_params, rl=True) == "vmap"
+    monkeypatch.setattr(task_batching.jax, "default_backend", lambda: "gpu")
     assert resolve_task_batching("auto", conv_params) == "vmap"
+    assert resolve_task_batching("auto", dense_params, rl=True) == "vmap"
 
 
 def test_mean_over_tasks_handles_pytrees_and_integer_metrics():
@@ -82,7 +86,7 @@ def test_mean_over_tasks_handles_pytrees_and_integer_metrics():
         return {"sum": jnp.sum(task["x"]), "n": task["n"]}, task["x"] * 2
 
     for strategy, in_carry in [("vmap", True), ("map", True), ("map", False), ("unroll", True)]:
-        (metrics, doubled) = steps.mean_over_tasks(fn, tasks, strategy, in_carry=in_carry)
+        (metrics, doubled) = task_batching.mean_over_tasks(fn, tasks, strategy, in_carry=in_carry)
         assert float(metrics["sum"]) == pytest.approx(16.5)
         assert float(metrics["n"]) == pytest.approx(1.5)
         np.testing.assert_allclose(doubled, jnp.arange(12.0).reshape(4, 3).mean(0) * 2)

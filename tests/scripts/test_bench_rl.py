@@ -32,9 +32,11 @@ def test_small_side_by_side_rows(bench_rl, tmp_path, capsys):
     out = tmp_path / "rl.jsonl"
     impls = "metalearn,torch" if HAVE_TORCH else "metalearn"
     argv = ["--impl", impls, "--tasks", "2", "--rollouts", "2", "--iters", "2", "--warmup", "1"]
-    bench_rl.main([*argv, "--no-isolate", "--json", str(out)])
+    bench_rl.main([*argv, "--task-batching", "vmap,auto", "--no-isolate", "--json", str(out)])
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["impl"] for r in rows] == impls.split(",")
+    # metalearn once per task batching (auto: a loop over the tasks on this CPU)
+    assert [r["impl"] for r in rows] == ["metalearn", *impls.split(",")]
+    assert [r["strategy"] for r in rows[:2]] == ["vmap", "map"]
     for row in rows:
         assert set(row) >= FIELDS, FIELDS - set(row)
         assert (row["tasks"], row["rollouts"], len(row["seconds"])) == (2, 2, 2)
@@ -60,6 +62,7 @@ def test_table_ratio(bench_rl):
 def test_bad_arguments_are_one_error_line():
     error_line(run_script("bench_rl.py", "--impl", "jax"), "unknown impl 'jax'")
     error_line(run_script("bench_rl.py", "--tasks", "0"), "at least 1")
+    error_line(run_script("bench_rl.py", "--task-batching", "pmap"), "'pmap' is not one of")
 
 
 def test_compute_floor_counts_work_that_grows_with_the_samples(monkeypatch):
