@@ -58,22 +58,24 @@ def map_over_tasks(fn: Callable[[PyTree], PyTree], tasks: PyTree, strategy: str)
     """Apply ``fn`` to each task (leading axis of ``tasks``); results stacked on axis 0.
 
     ``vmap``; ``map`` (a ``lax.map`` loop, one task at a time); ``map<k>`` (the tasks split
-    into ``k`` groups, each a ``lax.map`` loop, the loops side by side so XLA:CPU can run them
-    on different cores); ``unroll`` (a Python loop inside ``jit``).
+    into ``k`` consecutive groups as equal as the count allows, each a ``lax.map`` loop, the
+    loops side by side so XLA:CPU can run them on different cores; fewer loops when there are
+    fewer than ``k`` tasks); ``unroll`` (a Python loop inside ``jit``).
 
     >>> import jax.numpy as jnp
     >>> map_over_tasks(jnp.sum, jnp.arange(8.0).reshape(4, 2), "map2").tolist()
     [1.0, 5.0, 9.0, 13.0]
+    >>> map_over_tasks(jnp.sum, jnp.arange(10.0).reshape(5, 2), "map3").tolist()
+    [1.0, 5.0, 9.0, 13.0, 17.0]
     """
     chains = parallel_chains(strategy)
     if chains is not None:
         count = jax.tree_util.tree_leaves(tasks)[0].shape[0]
-        if count % chains:
-            raise ValueError(f"meta-batch {count} is not a multiple of {chains} chains")
-        groups = jax.tree_util.tree_map(lambda t: t.reshape(chains, -1, *t.shape[1:]), tasks)
+        bounds = [count * i // chains for i in range(chains + 1)]
         outs = [
-            jax.lax.map(fn, jax.tree_util.tree_map(lambda t, i=i: t[i], groups))
-            for i in range(chains)
+            jax.lax.map(fn, jax.tree_util.tree_map(lambda t, a=a, b=b: t[a:b], tasks))
+            for a, b in zip(bounds, bounds[1:], strict=False)
+            if b > a
         ]
         return jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs), *outs)
     if strategy == "vmap":
