@@ -32,6 +32,33 @@ PLUGIN = textwrap.dedent(
 )
 
 
+# An outer step on the whole meta-batch written for the five arguments batch_update took before
+# the runner began to pass its task batching as a sixth.
+OLD_BATCH_UPDATE = textwrap.dedent(
+    """
+    import dataclasses
+
+    from metalearn.algorithms.maml import FOMAMLConfig, fomaml
+    from metalearn.registry import ALGORITHMS
+
+
+    @dataclasses.dataclass
+    class OldConfig(FOMAMLConfig):
+        name: str = "old_batch"
+
+
+    def old_step(meta_params, opt_state, tasks, keys, optimizer):
+        return meta_params, opt_state, {}
+
+
+    @ALGORITHMS.register("old_batch", OldConfig)
+    def old_batch(objective, config=None, **overrides):
+        learner = fomaml(objective, FOMAMLConfig())
+        return learner._replace(batch_update=old_step)
+    """
+)
+
+
 @pytest.fixture
 def plugin_dir(tmp_path):
     directory = tmp_path / "lab"
@@ -40,6 +67,7 @@ def plugin_dir(tmp_path):
     (directory / "broken_algos.py").write_text("import dataclasses\n\nregister(undefined)\n")
     (directory / "exiting_algos.py").write_text("import sys\n\nsys.exit(3)\n")
     (directory / "shadowing_algos.py").write_text(PLUGIN.replace('"lab_fomaml"', '"maml"'))
+    (directory / "old_batch_algos.py").write_text(OLD_BATCH_UPDATE)
     return directory
 
 
@@ -125,3 +153,15 @@ def test_load_plugins_imports_the_named_modules(plugin_dir, monkeypatch):
             load_plugins()
     finally:
         sys.modules.pop("lab_algos", None)
+
+
+def test_a_batch_update_of_the_old_signature_is_one_line_naming_the_new_one(plugin_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    env = env_with(plugin_dir, "old_batch_algos")
+    result = run_cli(*TINY, "algorithm=old_batch", f"hydra.run.dir={run_dir}", env=env)
+    error_line(
+        result,
+        "algorithm=old_batch: its batch_update must take (meta_params, opt_state, tasks, keys, "
+        "optimizer, strategy)",
+        "it takes (meta_params, opt_state, tasks, keys, optimizer)",
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -75,6 +76,36 @@ class MetaLearner(NamedTuple):
     evaluate: Callable[[PyTree, Task, TaskContext, tuple[int, ...]], Metrics]
     adapt: Callable[..., PyTree]
     batch_update: Callable[..., tuple[PyTree, PyTree, Metrics]] | None = None
+
+
+BATCH_UPDATE_ARGS = ("meta_params", "opt_state", "tasks", "keys", "optimizer", "strategy")
+
+
+def check_batch_update(learner: MetaLearner, algorithm: str) -> None:
+    """ValueError, one line, unless the learner's ``batch_update`` (if it has one) takes the
+    arguments the runner passes (:data:`BATCH_UPDATE_ARGS`), e.g. one written before
+    ``strategy`` was added.
+
+    >>> learner = MetaLearner(None, None, None, None, lambda p, s, t, k, o: (p, s, {}))
+    >>> check_batch_update(learner, "mine")
+    Traceback (most recent call last):
+    ...
+    ValueError: algorithm=mine: its batch_update must take (..., strategy); ... (p, s, t, k, o)
+    """
+    if learner.batch_update is None:
+        return
+    try:
+        signature = inspect.signature(learner.batch_update)
+    except (TypeError, ValueError):  # not introspectable (a builtin): the call will tell
+        return
+    try:
+        signature.bind(*BATCH_UPDATE_ARGS)
+    except TypeError:
+        raise ValueError(
+            f"algorithm={algorithm}: its batch_update must take ({', '.join(BATCH_UPDATE_ARGS)}); "
+            "strategy says how to batch the tasks ('vmap', 'map' or 'map<k>': "
+            f"metalearn.core.batching.map_over_tasks); it takes {signature}"
+        ) from None
 
 
 # --- the task loss as core sees it ----------------------------------------------------------

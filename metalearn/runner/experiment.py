@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from metalearn.algorithms.base import MetaLearner
+from metalearn.algorithms.base import MetaLearner, check_batch_update
 from metalearn.config import Config, OptimizerConfig
 from metalearn.data.task import Objective, TaskFamily, family_objective
 from metalearn.models.base import Model, ModelParts, model_from_flax
@@ -253,6 +253,7 @@ def build_experiment(cfg: Config) -> Experiment:
     model = build_model(cfg.model, tasks, cfg.data.name)
     objective = family_objective(tasks, model)
     learner = ALGORITHMS.build(cfg.algorithm, objective)
+    check_batch_update(learner, cfg.algorithm.name)
     optimizer = build_optimizer(cfg.optimizer, cfg.trainer.meta_steps)
     root = jax.random.key(cfg.seed)
     state = init_train_state(learner, model, optimizer, jax.random.fold_in(root, INIT_STREAM))

@@ -34,6 +34,7 @@ from metalearn.runner.rundir import check_rerun, record_config, resume_hint, sav
 from metalearn.runner.signals import Interrupted, StopRequest
 from metalearn.runner.steps import (
     all_finite,
+    batch_update_strategy,
     make_eval_step,
     make_multi_step,
     trained,
@@ -247,6 +248,16 @@ def _restore(runner: Runner):
     return state, best_score, unlogged
 
 
+def _batching_description(runner: Runner) -> str:
+    """The run's task batching for its first log line, with the outer step's where it differs
+    (a ``batch_update`` across devices: :func:`~metalearn.runner.steps.batch_update_strategy`)."""
+    strategy = runner.exp.task_batching
+    if runner.exp.learner.batch_update is None:
+        return strategy
+    outer = batch_update_strategy(strategy, runner.mesh)
+    return strategy if outer == strategy else f"{strategy} (the outer step: {outer} across devices)"
+
+
 def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
     cfg, t = runner.cfg, runner.cfg.trainer
     stop.phase = "the restore of the checkpoint"
@@ -259,7 +270,7 @@ def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
         cfg.algorithm.name,
         cfg.data.name,
         count_parameters(state.meta_params),
-        runner.exp.task_batching,
+        _batching_description(runner),
         jax.device_count(),
         jax.devices()[0].platform,
     )

@@ -127,6 +127,13 @@ def init_train_state(
     return TrainState(step, meta_params, model_state, optimizer.init(meta_params))
 
 
+def batch_update_strategy(strategy: str, mesh) -> str:
+    """How a learner's ``batch_update`` batches the tasks: ``strategy`` on one device; across
+    the devices of a ``mesh``, ``vmap``, which XLA partitions along the task axis the tasks are
+    split on."""
+    return strategy if mesh is None else "vmap"
+
+
 def make_meta_train_step(
     learner: MetaLearner,
     optimizer: optax.GradientTransformation,
@@ -143,7 +150,8 @@ def make_meta_train_step(
     the model state and its own key (``fold_in(key, step)`` split over the tasks). The tasks'
     meta-gradients, new model states and metrics are averaged; the optax ``optimizer``
     applies the mean gradient. A learner with a ``batch_update`` (MAML-RL's TRPO step) takes
-    the whole meta-batch, its keys and ``optimizer`` instead. With a ``mesh`` each device
+    the whole meta-batch, its keys, ``optimizer`` and how to batch the tasks
+    (:func:`batch_update_strategy`) instead. With a ``mesh`` each device
     batches its share of the tasks with ``strategy`` (``jax.shard_map``) and the devices' means
     are averaged (``pmean``).
 
@@ -182,14 +190,13 @@ def make_meta_train_step(
         count = jax.tree_util.tree_leaves(tasks)[0].shape[0]
         keys = jax.random.split(jax.random.fold_in(key, state.step), count)
         if learner.batch_update is not None:  # an outer step on the whole meta-batch (TRPO)
-            # across devices, XLA partitions the vmap over the task axis the tasks are split on
             meta_params, opt_state, metrics = learner.batch_update(
                 state.meta_params,
                 state.opt_state,
                 tasks,
                 keys,
                 optimizer,
-                strategy if mesh is None else "vmap",
+                batch_update_strategy(strategy, mesh),
             )
             new_state = TrainState(state.step + 1, meta_params, state.model_state, opt_state)
             return constrain_replicated((new_state, metrics), mesh)

@@ -54,14 +54,14 @@ def test_bad_estimator_is_refused_with_the_choices():
 
 @pytest.mark.parametrize("outer", ["trpo", "ppo"])
 def test_every_task_batching_takes_the_same_meta_iteration(outer):
-    """vmap over the tasks, one loop over them, two loops side by side: the same samples, the
-    same step (in float64, so that the comparison is tight)."""
+    """vmap over the tasks, one loop over them, two loops side by side (of 2 and 3 tasks): the
+    same samples, the same step (in float64, so that the comparison is tight)."""
     results = {}
     with jax.enable_x64(True):
         params = jax.tree.map(lambda x: x.astype(np.float64), _params())
         for strategy in ("vmap", "map", "map2"):
             cfg = MAMLRLConfig(
-                num_tasks=4,
+                num_tasks=5,
                 num_post_rollouts=3,
                 inner=InnerConfig(num_rollouts=3),
                 outer=outer,
@@ -76,7 +76,7 @@ def test_every_task_batching_takes_the_same_meta_iteration(outer):
     for strategy in ("map", "map2"):
         other_state, other_metrics = results[strategy]
         chex.assert_trees_all_close(other_state.params, state.params, rtol=1e-9, atol=1e-12)
-        chex.assert_trees_all_close(other_metrics, metrics, rtol=1e-9, atol=1e-12)
+        chex.assert_trees_all_close(other_metrics, metrics, rtol=1e-9, atol=1e-10)
 
 
 def test_adaptation_eval_returns_the_mean_return_of_each_step():

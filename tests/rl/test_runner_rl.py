@@ -59,6 +59,9 @@ def test_cli_run_writes_the_return_after_0_to_3_inner_steps(cli_run):
     assert all(np.isfinite(x["train/post_return"]) for x in train)
     assert any((cli_run / "tensorboard").iterdir())
     assert CheckpointStore(str(cli_run / "checkpoints"), 2).latest_step() == 4
+    # trainer.task_batching: auto loops over an RL family's tasks on a CPU (vmap elsewhere)
+    summary = json.loads((cli_run / "summary.json").read_text())
+    assert summary["task_batching"] == ("map" if jax.default_backend() == "cpu" else "vmap")
 
 
 def test_resumed_run_equals_the_uninterrupted_one(cli_run, tmp_path):

@@ -163,3 +163,28 @@ def test_gauss_newton_kl_hvp_equals_metalearn_hvp_of_the_mean_kl(inner):
     start = ravel_pytree(params)[0]
     step, fast_step = ravel_pytree(plain)[0] - start, ravel_pytree(fast)[0] - start
     np.testing.assert_allclose(fast_step, step, atol=2e-3 * np.abs(step).max())
+
+
+def test_each_tasks_kl_is_a_mean_over_its_own_valid_steps_in_the_fisher_product():
+    # Tasks whose post-update batches have very different numbers of valid steps (one rollout
+    # with none at all): each task's KL is a mean over its own valid steps, then the tasks are
+    # averaged; the product under every task batching equals hvp of that mean.
+    params = init_policy(jax.random.key(0), 2, 2, hidden=(8,))
+    params["log_std"] = jnp.array([0.3, -0.4])
+    batch = _meta_batch(params)
+    horizon = batch.post.mask.shape[-1]
+    ends = jnp.array([horizon, 37, 5])[:, None, None]  # valid steps per rollout, per task
+    mask = batch.post.mask * (jnp.arange(horizon) < ends)
+    mask = mask.at[2, 0].set(0.0)
+    batch = batch._replace(post=batch.post._replace(mask=mask))
+    assert len({float(n) for n in jnp.sum(mask, axis=(1, 2))}) == 3
+
+    def kl(p):
+        return jnp.mean(jax.vmap(lambda b: post_kl(policy_apply, p, b, INNER, "lvc"))(batch))
+
+    v = jax.tree.map(lambda x: jnp.sin(jnp.arange(x.size, dtype=x.dtype).reshape(x.shape)), params)
+    expected = ravel_pytree(fisher_vector_product(kl, params, v))[0]
+    for strategy in ("vmap", "map", "map2"):
+        fisher = post_kl_fisher(policy_apply, params, batch, INNER, "lvc", strategy)
+        got = ravel_pytree(jax.jit(fisher)(v))[0]
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max())
