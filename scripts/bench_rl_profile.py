@@ -28,9 +28,14 @@ import jax.numpy as jnp
 from metalearn.core.curvature import cg_solve
 from metalearn.rl.envs import NAV2D
 from metalearn.rl.estimators import post_kl_fisher
-from metalearn.rl.maml_rl import collect_meta_batch, trpo_objectives
+from metalearn.rl.maml_rl import (
+    collect_meta_batch,
+    outer_update,
+    surrogate_value_and_grad,
+    trpo_objectives,
+)
 from metalearn.rl.policy import policy_apply
-from metalearn.rl.trpo import fisher_vector_product, trpo_step
+from metalearn.rl.trpo import fisher_vector_product
 
 
 def _median_ms(fn, *args) -> float:
@@ -136,8 +141,8 @@ def profile_metalearn(params: Any, key: jax.Array, cfg) -> dict[str, float]:
 
     objectives = functools.partial(trpo_objectives, policy_apply, cfg)  # batch -> (surr., kl)
 
-    def grad(params, batch):
-        return jax.grad(objectives(batch)[0])(params)
+    def grad(params, batch):  # as the meta-iteration takes it: each task's gradient, averaged
+        return surrogate_value_and_grad(policy_apply, cfg, batch)(params)[1]
 
     def fvp_hvp(params, batch, v):  # metalearn.hvp of the KL, through the inner step
         return fisher_vector_product(objectives(batch)[1], params, v, cfg.trpo.damping)
@@ -152,9 +157,8 @@ def profile_metalearn(params: Any, key: jax.Array, cfg) -> dict[str, float]:
 
     evaluate = _line_search_evaluation(objectives)
 
-    def step(params, batch):
-        fisher = post_kl_fisher(policy_apply, params, batch, inner, est, strategy)
-        return trpo_step(*objectives(batch), params, cfg.trpo, kl_hvp=fisher)
+    def step(params, batch):  # the meta-iteration's own outer step (TRPO: no optimizer)
+        return outer_update(policy_apply, cfg, params, (), None, batch)[:2]
 
     batch = collect(params, key)
     g = jax.jit(grad)(params, batch)

@@ -128,6 +128,21 @@ def trpo_objectives(
     return surrogate, kl
 
 
+def surrogate_value_and_grad(
+    policy_apply: PolicyApply, cfg: MAMLRLConfig, batch: TaskBatch
+) -> Callable[[Params], tuple[jax.Array, Params]]:
+    """``params -> (surrogate, gradient)`` of :func:`trpo_objectives`' surrogate, as the mean
+    of the tasks' own values and gradients: in a loop over the tasks each is differentiated
+    within its iteration, where the gradient of the loop keeps every task's intermediates
+    (on the 2-core CPU, 2D navigation: 100 ms against 139 ms)."""
+
+    def task_value_and_grad(params: Params, task: TaskBatch) -> tuple[jax.Array, Params]:
+        surrogate = lambda p: meta_surrogate(policy_apply, p, task, cfg.inner, cfg.estimator)  # noqa: E731
+        return jax.value_and_grad(surrogate)(params)
+
+    return lambda p: mean_over_tasks(lambda t: task_value_and_grad(p, t), batch, cfg.strategy)
+
+
 def outer_update(
     policy_apply: PolicyApply,
     cfg: MAMLRLConfig,
@@ -151,7 +166,10 @@ def outer_update(
         surrogate, kl = trpo_objectives(policy_apply, cfg, batch)
         # the KL's Hessian as J^T F J: exact at the sampling parameters, second order
         fisher = post_kl_fisher(policy_apply, params, batch, cfg.inner, cfg.estimator, cfg.strategy)
-        params, info = trpo_step(surrogate, kl, params, cfg.trpo, kl_hvp=fisher)
+        value_and_grad = surrogate_value_and_grad(policy_apply, cfg, batch)
+        params, info = trpo_step(
+            surrogate, kl, params, cfg.trpo, kl_hvp=fisher, surrogate_value_and_grad=value_and_grad
+        )
         metrics.update(info._asdict())
         return params, opt_state, metrics
     objective = _mean_over_tasks(

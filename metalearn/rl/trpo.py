@@ -68,11 +68,14 @@ def trpo_step(
     params: Params,
     cfg: TRPOConfig = TRPOConfig(),
     kl_hvp: Callable[[Params], Params] | None = None,
+    surrogate_value_and_grad: Callable[[Params], tuple[jax.Array, Params]] | None = None,
 ) -> tuple[Params, TRPOInfo]:
     """Maximise ``surrogate`` subject to ``kl(new) <= cfg.max_kl``; ``kl(params)`` must be 0.
 
     ``kl_hvp`` (optional) is ``v -> H_kl v`` at ``params`` in a cheaper form than
-    :func:`metalearn.hvp` of ``kl`` (as :func:`metalearn.rl.estimators.post_kl_fisher`).
+    :func:`metalearn.hvp` of ``kl`` (as :func:`metalearn.rl.estimators.post_kl_fisher`);
+    ``surrogate_value_and_grad`` (optional) is ``jax.value_and_grad(surrogate)`` in a cheaper
+    form (as :func:`metalearn.rl.maml_rl.surrogate_value_and_grad`).
 
     >>> import jax.numpy as jnp
     >>> surrogate = lambda p: -jnp.sum((p - 1.0) ** 2)
@@ -81,7 +84,7 @@ def trpo_step(
     >>> bool(info.accepted), bool(info.kl <= 0.01 + 1e-6), bool(info.surrogate_after > -2.0)
     (True, True, True)
     """
-    before, grads = jax.value_and_grad(surrogate)(params)
+    before, grads = (surrogate_value_and_grad or jax.value_and_grad(surrogate))(params)
 
     def fvp(v: Params) -> Params:
         if kl_hvp is None:

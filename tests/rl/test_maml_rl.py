@@ -9,7 +9,14 @@ import pytest
 
 from metalearn.rl.envs import NAV2D, sample_goals
 from metalearn.rl.inner import InnerConfig
-from metalearn.rl.maml_rl import MAMLRLConfig, make_adaptation_eval, make_meta_iteration
+from metalearn.rl.maml_rl import (
+    MAMLRLConfig,
+    collect_meta_batch,
+    make_adaptation_eval,
+    make_meta_iteration,
+    surrogate_value_and_grad,
+    trpo_objectives,
+)
 from metalearn.rl.policy import init_policy, policy_apply
 from metalearn.rl.trpo import TRPOConfig
 
@@ -77,6 +84,27 @@ def test_every_task_batching_takes_the_same_meta_iteration(outer):
         other_state, other_metrics = results[strategy]
         chex.assert_trees_all_close(other_state.params, state.params, rtol=1e-9, atol=1e-12)
         chex.assert_trees_all_close(other_metrics, metrics, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("estimator", ["lvc", "dice", "maml"])
+def test_the_mean_of_the_tasks_gradients_is_the_gradient_of_the_mean_surrogate(estimator):
+    params = _params()
+    tasks = sample_goals(jax.random.key(1), 3)
+    for strategy in ("vmap", "map"):
+        cfg = MAMLRLConfig(
+            num_post_rollouts=3,
+            inner=InnerConfig(num_rollouts=3),
+            estimator=estimator,
+            task_batching=strategy,
+        )
+        keys = jax.random.split(jax.random.key(2), 3)
+        batch = collect_meta_batch(NAV2D, policy_apply, cfg, params, keys, tasks)
+        surrogate, _ = trpo_objectives(policy_apply, cfg, batch)
+        value, grads = surrogate_value_and_grad(policy_apply, cfg, batch)(params)
+        expected_value, expected = jax.value_and_grad(surrogate)(params)
+        np.testing.assert_allclose(value, expected_value, rtol=1e-5, atol=1e-7)
+        chex.assert_trees_all_close(grads, expected, rtol=1e-4, atol=1e-6)
+        assert max(float(np.abs(g).max()) for g in jax.tree.leaves(grads)) > 1e-3
 
 
 def test_adaptation_eval_returns_the_mean_return_of_each_step():
