@@ -3,8 +3,8 @@
 One call samples a meta-batch of tasks, runs every task's inner loop and post-update rollouts
 (``vmap`` over rollouts, ``lax.scan`` over time, and over tasks ``vmap`` or, on a CPU, a loop:
 ``task_batching``), and takes the outer step (TRPO or the clipped surrogate) on the chosen
-meta-gradient estimator. ``num_steps=0`` in the inner
-config gives plain TRPO/PPO on the task distribution ("pretrained on all tasks").
+meta-gradient estimator. ``num_steps=0`` in the inner config gives plain TRPO/PPO on the task
+distribution ("pretrained on all tasks").
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def surrogate_value_and_grad(
     """``params -> (surrogate, gradient)`` of :func:`trpo_objectives`' surrogate, as the mean
     of the tasks' own values and gradients: in a loop over the tasks each is differentiated
     within its iteration, where the gradient of the loop keeps every task's intermediates
-    (on the 2-core CPU, 2D navigation: 100 ms against 139 ms)."""
+    (2D navigation on the 2-core CPU: 56 ms against 106 ms, experiments/benchmarks/README.md)."""
 
     def task_value_and_grad(params: Params, task: TaskBatch) -> tuple[jax.Array, Params]:
         surrogate = lambda p: meta_surrogate(policy_apply, p, task, cfg.inner, cfg.estimator)  # noqa: E731
