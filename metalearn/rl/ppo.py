@@ -5,6 +5,7 @@ recomputed from the stored pre-update batches at every step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,17 +53,19 @@ def clipped_surrogate(
 
 
 def ppo_epochs(
-    objective,
+    value_and_grad: Callable[[Params], tuple[jax.Array, Params]],
     params: Params,
     opt_state: optax.OptState,
     optimizer: optax.GradientTransformation,
     num_epochs: int,
 ) -> tuple[Params, optax.OptState, jax.Array]:
-    """``num_epochs`` steps of ``optimizer`` ascending ``objective``; returns its last value."""
+    """``num_epochs`` steps of ``optimizer`` ascending an objective, given as
+    ``value_and_grad(params) -> (value, gradient)`` (``jax.value_and_grad(objective)``, or the
+    mean of the tasks' own); returns its last value."""
 
     def body(carry, _):
         params, opt_state = carry
-        value, grads = jax.value_and_grad(objective)(params)
+        value, grads = value_and_grad(params)
         updates, opt_state = optimizer.update(jax.tree.map(jnp.negative, grads), opt_state, params)
         return (optax.apply_updates(params, updates), opt_state), value
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import chex
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from metalearn.rl.envs import NAV2D, sample_goals
@@ -14,10 +16,12 @@ from metalearn.rl.maml_rl import (
     collect_meta_batch,
     make_adaptation_eval,
     make_meta_iteration,
+    outer_update,
     surrogate_value_and_grad,
     trpo_objectives,
 )
 from metalearn.rl.policy import init_policy, policy_apply
+from metalearn.rl.ppo import PPOConfig, clipped_surrogate
 from metalearn.rl.trpo import TRPOConfig
 
 SMALL = {"num_tasks": 3, "num_post_rollouts": 3, "trpo": TRPOConfig(cg_iters=3)}
@@ -105,6 +109,34 @@ def test_the_mean_of_the_tasks_gradients_is_the_gradient_of_the_mean_surrogate(e
         np.testing.assert_allclose(value, expected_value, rtol=1e-5, atol=1e-7)
         chex.assert_trees_all_close(grads, expected, rtol=1e-4, atol=1e-6)
         assert max(float(np.abs(g).max()) for g in jax.tree.leaves(grads)) > 1e-3
+
+
+def test_a_ppo_epoch_ascends_the_gradient_of_the_mean_clipped_objective():
+    # One epoch of SGD at rate 1: the update is the gradient the epoch took, which must be that
+    # of the tasks' mean clipped objective (each task differentiated on its own).
+    params = _params()
+    cfg = MAMLRLConfig(
+        num_post_rollouts=3,
+        inner=InnerConfig(num_rollouts=3),
+        outer="ppo",
+        ppo=PPOConfig(num_epochs=1),
+        task_batching="map",
+    )
+    keys = jax.random.split(jax.random.key(2), 3)
+    batch = collect_meta_batch(
+        NAV2D, policy_apply, cfg, params, keys, sample_goals(jax.random.key(1), 3)
+    )
+    optimizer = optax.sgd(1.0)
+    new, _, _ = outer_update(policy_apply, cfg, params, optimizer.init(params), optimizer, batch)
+
+    def objective(p):
+        one = lambda b: clipped_surrogate(policy_apply, p, b, cfg.inner, "lvc", cfg.ppo.clip)  # noqa: E731
+        return jnp.mean(jax.vmap(one)(batch))
+
+    expected = jax.grad(objective)(params)
+    step = jax.tree.map(jnp.subtract, new, params)
+    chex.assert_trees_all_close(step, expected, rtol=1e-4, atol=1e-4)
+    assert max(float(np.abs(g).max()) for g in jax.tree.leaves(expected)) > 1e-3
 
 
 def test_adaptation_eval_returns_the_mean_return_of_each_step():
