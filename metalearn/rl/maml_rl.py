@@ -104,11 +104,18 @@ def collect_meta_batch(
     return map_over_tasks(collect, (keys, tasks), cfg.strategy)
 
 
-def _mean_over_tasks(
-    fn: Callable, batch: TaskBatch, strategy: str
-) -> Callable[[Params], jax.Array]:
-    """``params -> mean over the batch's tasks of fn(params, task_batch)``."""
+def _mean_over_tasks(fn: Callable, batch: TaskBatch, strategy: str) -> Callable[[Params], Any]:
+    """``params -> mean over the batch's tasks of fn(params, task_batch)`` (any pytree: a value,
+    or with ``fn = jax.value_and_grad(...)`` a value and its gradient, each task differentiated
+    on its own: in a loop over the tasks within its iteration, where the gradient of the loop
+    keeps every task's intermediates; 2D navigation on the 2-core CPU: the meta-gradient in
+    56 ms against 106 ms, experiments/benchmarks/README.md)."""
     return lambda p: mean_over_tasks(lambda b: fn(p, b), batch, strategy)
+
+
+def _task_surrogate(policy_apply: PolicyApply, cfg: MAMLRLConfig) -> Callable:
+    """``(params, task_batch) -> one task's meta-surrogate`` of ``cfg.estimator``."""
+    return lambda p, b: meta_surrogate(policy_apply, p, b, cfg.inner, cfg.estimator)
 
 
 def trpo_objectives(
@@ -117,25 +124,11 @@ def trpo_objectives(
     """TRPO's ``(surrogate, kl)`` on a collected meta-batch, each a function of the policy
     parameters: the meta-surrogate of ``cfg.estimator`` and the post-update policies' KL from
     the sampling ones, both means over the tasks (what :func:`outer_update` steps on)."""
-    surrogate = _mean_over_tasks(
-        lambda p, b: meta_surrogate(policy_apply, p, b, cfg.inner, cfg.estimator),
-        batch,
-        cfg.strategy,
-    )
+    surrogate = _mean_over_tasks(_task_surrogate(policy_apply, cfg), batch, cfg.strategy)
     kl = _mean_over_tasks(
         lambda p, b: post_kl(policy_apply, p, b, cfg.inner, cfg.estimator), batch, cfg.strategy
     )
     return surrogate, kl
-
-
-def _mean_value_and_grad(
-    fn: Callable, batch: TaskBatch, strategy: str
-) -> Callable[[Params], tuple[jax.Array, Params]]:
-    """``params -> mean over the batch's tasks of jax.value_and_grad(fn)(params, task)``: in a
-    loop over the tasks each is differentiated within its iteration, where the gradient of the
-    loop keeps every task's intermediates (2D navigation on the 2-core CPU: the meta-gradient
-    in 56 ms against 106 ms, experiments/benchmarks/README.md)."""
-    return lambda p: mean_over_tasks(lambda t: jax.value_and_grad(fn)(p, t), batch, strategy)
 
 
 def surrogate_value_and_grad(
@@ -143,11 +136,8 @@ def surrogate_value_and_grad(
 ) -> Callable[[Params], tuple[jax.Array, Params]]:
     """``params -> (surrogate, gradient)`` of :func:`trpo_objectives`' surrogate, as the mean
     of the tasks' own values and gradients (what TRPO's step starts from)."""
-    return _mean_value_and_grad(
-        lambda p, t: meta_surrogate(policy_apply, p, t, cfg.inner, cfg.estimator),
-        batch,
-        cfg.strategy,
-    )
+    task_value_and_grad = jax.value_and_grad(_task_surrogate(policy_apply, cfg))
+    return _mean_over_tasks(task_value_and_grad, batch, cfg.strategy)
 
 
 def outer_update(
@@ -179,8 +169,12 @@ def outer_update(
         )
         metrics.update(info._asdict())
         return params, opt_state, metrics
-    value_and_grad = _mean_value_and_grad(
-        lambda p, b: clipped_surrogate(policy_apply, p, b, cfg.inner, cfg.estimator, cfg.ppo.clip),
+    value_and_grad = _mean_over_tasks(
+        jax.value_and_grad(
+            lambda p, b: clipped_surrogate(
+                policy_apply, p, b, cfg.inner, cfg.estimator, cfg.ppo.clip
+            )
+        ),
         batch,
         cfg.strategy,
     )
