@@ -31,13 +31,15 @@ def is_task_batching(name: str) -> bool:
     return name in TASK_BATCHING or parallel_chains(name) is not None
 
 
-def default_task_batching(large_tasks: bool) -> str:
-    """What ``auto`` means on this backend: ``map`` on a CPU when one task's work is large
-    (a convolutional model, an RL task's rollouts), else ``vmap``.
+def resolve_auto(strategy: str, large_tasks: bool) -> str:
+    """``strategy``, or what ``auto`` means on this backend: ``map`` on a CPU when one task's
+    work is large (a convolutional model, an RL task's rollouts), else ``vmap``.
 
-    >>> default_task_batching(False)
-    'vmap'
+    >>> resolve_auto("auto", large_tasks=False), resolve_auto("map2", large_tasks=False)
+    ('vmap', 'map2')
     """
+    if strategy != "auto":
+        return strategy
     if jax.default_backend() == "cpu" and large_tasks:
         return "map"
     return "vmap"

@@ -19,10 +19,10 @@ import optax
 
 from metalearn.core.batching import (
     TASK_BATCHING,
-    default_task_batching,
     is_task_batching,
     map_over_tasks,
     mean_over_tasks,
+    resolve_auto,
 )
 from metalearn.rl.envs.base import Env
 from metalearn.rl.estimators import (
@@ -79,7 +79,7 @@ class MAMLRLConfig:
     @property
     def strategy(self) -> str:
         """``task_batching`` with ``auto`` resolved for this backend."""
-        return default_task_batching(True) if self.task_batching == "auto" else self.task_batching
+        return resolve_auto(self.task_batching, large_tasks=True)
 
 
 class MetaRLState(NamedTuple):

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from metalearn.algorithms.base import MetaLearner, TaskContext, context
-from metalearn.core.batching import default_task_batching, map_over_tasks, mean_over_tasks
+from metalearn.core.batching import map_over_tasks, mean_over_tasks, resolve_auto
 from metalearn.data.task import TaskFamily
 from metalearn.models.base import Model
 from metalearn.runner.devices import (
@@ -53,7 +53,7 @@ def trained(state: TrainState) -> Trained:
 
 def resolve_task_batching(strategy: str, model: Model, *, rl: bool = False) -> str:
     """Pick how the tasks of a meta-batch are batched, when the config says ``auto``
-    (:func:`~metalearn.core.batching.default_task_batching`).
+    (:func:`~metalearn.core.batching.resolve_auto`).
 
     On GPUs and TPUs, ``vmap``. On CPU, ``vmap`` for dense models, but ``map`` (one task per
     loop iteration) for convolutional ones (``Model.is_convolutional``) and for RL task
@@ -66,9 +66,7 @@ def resolve_task_batching(strategy: str, model: Model, *, rl: bool = False) -> s
     (:func:`metalearn.runner.experiment.cpu_devices_for`), each looping over its share.
     Measured in experiments/benchmarks/.
     """
-    if strategy != "auto":
-        return strategy
-    return default_task_batching(model.is_convolutional or rl)
+    return resolve_auto(strategy, large_tasks=model.is_convolutional or rl)
 
 
 def resolve_steps_per_call(steps_per_call: int, model: Model) -> int:
