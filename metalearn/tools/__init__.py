@@ -14,7 +14,23 @@ Benchmarks, PyTorch peers and the reference implementations stay in the reposito
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from types import ModuleType
+
+
+def exit_status(work: Callable[[], object]) -> int:
+    """Run a tool's ``work``: 0 when it finishes; one ``error:`` line and 2 when it raises
+    FileNotFoundError or ValueError (a path or a value the user gave).
+
+    >>> exit_status(lambda: None)
+    0
+    """
+    try:
+        work()
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def require_matplotlib() -> ModuleType:

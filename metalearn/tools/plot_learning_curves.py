@@ -18,7 +18,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from metalearn.tools import require_matplotlib
+from metalearn.tools import exit_status, require_matplotlib
 
 require_matplotlib()  # the plot extra: one line and exit 2 without it
 import matplotlib.pyplot as plt  # noqa: E402
@@ -130,14 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     metrics = [m for m in args.metrics.split(",") if m] if args.metrics else None
-    try:
+
+    def work() -> None:
         check_writable_file(args.out, "--out", "learning_curves.png")  # before reading runs
         plot(args.run_dirs, args.out, metrics)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(f"wrote {args.out}")
-    return 0
+        print(f"wrote {args.out}")
+
+    return exit_status(work)
 
 
 if __name__ == "__main__":

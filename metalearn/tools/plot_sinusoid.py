@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from omegaconf import OmegaConf
 
-from metalearn.tools import require_matplotlib
+from metalearn.tools import exit_status, require_matplotlib
 
 require_matplotlib()  # the plot extra: one line and exit 2 without it
 import matplotlib.pyplot as plt  # noqa: E402
@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, nargs=2, default=[1, 10])
     parser.add_argument("--out", type=Path, default=Path("sinusoid.png"))
     args = parser.parse_args(argv)
-    try:
+
+    def work() -> None:
         if args.shots < 1:
             raise ValueError(f"--shots must be >= 1 (support points), got {args.shots}")
         if min(args.steps) < 1:
@@ -98,11 +99,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         check_writable_file(args.out, "--out", "sinusoid.png")  # before loading the model
         plot(args.run_dir, args.shots, args.seed, args.steps, args.out)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(f"wrote {args.out}")
-    return 0
+        print(f"wrote {args.out}")
+
+    return exit_status(work)
 
 
 if __name__ == "__main__":
