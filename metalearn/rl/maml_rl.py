@@ -70,16 +70,27 @@ class MAMLRLConfig:
             raise ValueError(f"estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
         if self.outer not in ("trpo", "ppo"):
             raise ValueError(f"outer must be 'trpo' or 'ppo', got {self.outer!r}")
-        if not is_task_batching(self.task_batching):
-            raise ValueError(
-                f"task_batching must be one of {TASK_BATCHING} or map<k>, got "
-                f"{self.task_batching!r}"
-            )
+        task_strategy(self.task_batching)  # raises on an unknown name
 
     @property
     def strategy(self) -> str:
         """``task_batching`` with ``auto`` resolved for this backend."""
-        return resolve_auto(self.task_batching, large_tasks=True)
+        return task_strategy(self.task_batching)
+
+
+def task_strategy(task_batching: str) -> str:
+    """The strategy of :func:`~metalearn.core.batching.map_over_tasks` that ``task_batching``
+    names for RL tasks (``auto``: a loop on a CPU, ``vmap`` elsewhere); a ValueError for a name
+    that is none.
+
+    >>> task_strategy("map2")
+    'map2'
+    """
+    if not is_task_batching(task_batching):
+        raise ValueError(
+            f"task_batching must be one of {TASK_BATCHING} or map<k>, got {task_batching!r}"
+        )
+    return resolve_auto(task_batching, large_tasks=True)
 
 
 class MetaRLState(NamedTuple):
@@ -257,7 +268,7 @@ def make_adaptation_eval(
     >>> evaluate(params, jax.random.key(1), sample_goals(jax.random.key(2), 4)).shape
     (4, 3)
     """
-    strategy = MAMLRLConfig(inner=inner, task_batching=task_batching).strategy
+    strategy = task_strategy(task_batching)
 
     def evaluate(params, key, tasks):
         num = jax.tree.leaves(tasks)[0].shape[0]
