@@ -31,6 +31,22 @@ ONE_THREAD_PER_CPU_DEVICE = "--xla_cpu_multi_thread_eigen=false"
 # programs make batched LAPACK calls ask for it.
 SERIAL_LAPACK_SCHEDULING = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 
+# Which batches go to that pool: jaxlib 0.10 (jaxlib/cpu/lapack_kernels.cc,
+# GetLapackBatchChunkSize) splits a call whose estimated work, the batch size times a FLOP
+# estimate per matrix, reaches this; below it the call runs inline on its caller's thread.
+LAPACK_PARALLEL_WORK = 200_000
+
+
+def inline_solve_batch(size: int) -> int:
+    """The most ``size`` x ``size`` systems one batched solve against the identity may hold
+    for jaxlib 0.10 to run it inline: its triangular solves count ``size**3`` per matrix (the
+    Cholesky factorisation before them ``size**3 / 3``, so it stays inline too).
+
+    >>> inline_solve_batch(14), inline_solve_batch(9)  # the Ant's and the HalfCheetah's
+    (72, 274)
+    """
+    return max(1, (LAPACK_PARALLEL_WORK - 1) // size**3)
+
 
 def usable_cores() -> int:
     """The CPU cores this process may run on."""

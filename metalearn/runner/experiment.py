@@ -16,7 +16,7 @@ from metalearn.data.task import Objective, TaskFamily, family_objective
 from metalearn.models.base import Model, ModelParts, model_from_flax
 from metalearn.registry import ALGORITHMS, MODELS, TASKS
 from metalearn.rl.family import RLObjective
-from metalearn.runner.cpu_backend import auto_cpu_devices, usable_cores
+from metalearn.runner.cpu_backend import auto_cpu_devices, inline_solve_batch, usable_cores
 from metalearn.runner.steps import (
     TrainState,
     init_train_state,
@@ -188,7 +188,7 @@ def cpu_devices_for(cfg: Config, cores: int | None = None) -> int:
 def needs_serial_lapack(cfg: Config) -> bool:
     """Whether a run's programs make batched LAPACK calls on CPU, so that it must ask for
     :func:`~metalearn.runner.cpu_backend.schedule_lapack_calls_serially` before JAX starts: an
-    RL environment registered with ``batched_linalg`` (the locomotion families).
+    RL environment registered with a ``linalg_size`` (the locomotion families).
 
     >>> from metalearn.rl.family import RLTasksConfig
     >>> [needs_serial_lapack(Config(data=RLTasksConfig(env=e))) for e in ("nav2d", "ant_dir")]
@@ -197,6 +197,53 @@ def needs_serial_lapack(cfg: Config) -> bool:
     from metalearn.rl.envs import BATCHED_LINALG_ENVS
 
     return getattr(cfg.data, "env", None) in BATCHED_LINALG_ENVS
+
+
+def lapack_batch_error(cfg: Config, strategy: str, device_count: int) -> str | None:
+    """The line a run is refused with when, on several XLA:CPU devices, one device would step
+    so many rollouts of a locomotion family at once that its physics' batched solve takes
+    jaxlib 0.10's threaded path, which deadlocks across devices (every thread idle, the run
+    hung; :func:`~metalearn.runner.cpu_backend.inline_solve_batch`). Training's outer step
+    runs ``vmap`` over each device's tasks; evaluation batches them as ``strategy`` says.
+    None when the run is safe from it (one device, tasks not sharded, another family).
+
+    >>> from metalearn.config import TrainerConfig
+    >>> from metalearn.rl.algorithm import MAMLRLAlgorithmConfig
+    >>> from metalearn.rl.family import RLTasksConfig
+    >>> def error(env, rollouts, devices):
+    ...     cfg = Config(data=RLTasksConfig(env=env, rollouts=rollouts),
+    ...                  algorithm=MAMLRLAlgorithmConfig(post_rollouts=rollouts),
+    ...                  trainer=TrainerConfig(meta_batch_size=10))
+    ...     return lapack_batch_error(cfg, "map", devices)
+    >>> print(error("ant_dir", 20, 2))  # doctest: +ELLIPSIS
+    ant_dir on 2 XLA:CPU devices: each would step 100 rollouts at once (5 tasks x 20), ...
+    >>> error("ant_dir", 14, 2), error("ant_dir", 20, 1), error("cheetah_dir", 20, 2)
+    (None, None, None)
+    """
+    from metalearn.rl.envs import BATCHED_LINALG_ENVS
+
+    size = BATCHED_LINALG_ENVS.get(getattr(cfg.data, "env", None))
+    if size is None or device_count < 2 or not cfg.trainer.shard_tasks:
+        return None
+    if jax.default_backend() != "cpu":
+        return None
+    limit = inline_solve_batch(size)
+    tasks = cfg.trainer.meta_batch_size // device_count
+    rollouts = max(cfg.data.rollouts, getattr(cfg.algorithm, "post_rollouts", 0))
+    what, batch = f"{tasks} tasks x {rollouts}", tasks * rollouts
+    eval_tasks = 1 if strategy != "vmap" else -(-cfg.eval.tasks_per_call // device_count)
+    eval_batch = eval_tasks * getattr(cfg.algorithm, "eval_rollouts", 0)
+    if eval_batch > batch:
+        what, batch = f"{eval_tasks} evaluation tasks x {eval_batch // eval_tasks}", eval_batch
+    if batch <= limit:
+        return None
+    return (
+        f"{cfg.data.env} on {device_count} XLA:CPU devices: each would step {batch} rollouts "
+        f"at once ({what}), solving {batch} {size} x {size} systems in one batched LAPACK call, "
+        f"which jaxlib 0.10 splits across threads and which deadlocks across devices (at most "
+        f"{limit} run inline); run on one device (unset JAX_NUM_CPU_DEVICES) or lower "
+        "trainer.meta_batch_size or the rollouts per task"
+    )
 
 
 def lapack_device_warning(cfg: Config, platform: str, device_count: int) -> str | None:

@@ -27,6 +27,7 @@ from metalearn.runner.experiment import (
     Experiment,
     build_experiment,
     count_parameters,
+    lapack_batch_error,
     lapack_device_warning,
 )
 from metalearn.runner.reporting import MetricsWriter, Progress, timed_rate
@@ -69,6 +70,9 @@ class Runner:
         check_shot_counts(
             self.exp.tasks.sample, self.exp.tasks.splits, cfg.trainer.shots, cfg.eval.shots
         )
+        lapack_error = lapack_batch_error(cfg, self.exp.task_batching, jax.device_count())
+        if lapack_error:
+            raise ValueError(lapack_error)
         self.checkpoints = CheckpointStore(
             os.path.join(workdir, "checkpoints"), cfg.trainer.keep_checkpoints, primary
         )

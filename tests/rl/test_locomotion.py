@@ -4,6 +4,7 @@ batching over tasks, termination. Short horizons keep the compile times small.""
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
 
@@ -14,9 +15,10 @@ import pytest
 
 pytest.importorskip("brax", reason="the locomotion extra: pip install -e '.[locomotion]'")
 
-from metalearn.rl.envs import ENVS, make_env  # noqa: E402
+from metalearn.rl.envs import BATCHED_LINALG_ENVS, ENVS, make_env  # noqa: E402
 from metalearn.rl.envs.locomotion import (  # noqa: E402
     DEFAULT_BACKEND,
+    MASS_MATRIX_SIZE,
     brax_env,
     make_locomotion_env,
     sample_directions,
@@ -24,7 +26,7 @@ from metalearn.rl.envs.locomotion import (  # noqa: E402
 )
 from metalearn.rl.policy import init_policy, policy_apply  # noqa: E402
 from metalearn.rl.rollout import rollout  # noqa: E402
-from tests.cli import checkout_env  # noqa: E402
+from tests.cli import checkout_env, run_cli  # noqa: E402
 
 STEPS = 6
 # The original (rllab) coefficients, written out again: control cost, survive bonus.
@@ -201,3 +203,33 @@ def test_building_an_env_leaves_no_log_file_and_prints_nothing(tmp_path):
     # Nor Brax's "not actively being maintained" UserWarning, nor MJX's root-logger INFO line.
     assert result.stderr == ""
     assert list(tmp_path.iterdir()) == []
+
+
+def test_registered_linear_system_sizes_are_the_robots_mass_matrices():
+    for robot, size in MASS_MATRIX_SIZE.items():
+        assert brax_env(robot, "generalized").sys.qd_size() == size
+    assert BATCHED_LINALG_ENVS == {"cheetah_dir": 9, "cheetah_vel": 9, "ant_dir": 14}
+
+
+def test_a_device_batch_that_would_deadlock_is_refused_in_one_line(tmp_path):
+    # On two XLA:CPU devices, 5 Ant tasks x 15 rollouts per device (75 mass matrices in one
+    # batched solve) hung in the first meta-iteration with no step done in 240 s; 5 x 14 (70)
+    # ran (experiments/rl/locomotion/README.md). The run is refused before it compiles.
+    tiny = ["data.horizon=5", "trainer.meta_batch_size=10", "trainer.meta_steps=1"]
+    env = {"JAX_NUM_CPU_DEVICES": "2", "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false"}
+    result = run_cli(
+        "+experiment=rl_ant_dir_maml",
+        *tiny,
+        "data.rollouts=15",
+        "algorithm.post_rollouts=15",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        env={**os.environ, **env},
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith(
+        "error: ant_dir on 2 XLA:CPU devices: each would step 75 rollouts at once (5 tasks x 15)"
+    ), lines
+    assert "Traceback" not in result.stderr
+    steps = [p for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit()]
+    assert steps == []  # refused before training: no checkpoint

@@ -33,23 +33,26 @@ class Env(NamedTuple):
 # environment's physics library is imported only by the runs that use it).
 ENVS: dict[str, Callable[[], Env]] = {}
 # Environments whose step makes batched LAPACK calls on CPU (Brax's physics factorises a batch
-# of mass matrices every step): a run on them asks XLA:CPU for serial LAPACK scheduling
-# (metalearn.runner.cpu_backend.schedule_lapack_calls_serially).
-BATCHED_LINALG_ENVS: set[str] = set()
+# of mass matrices every step and solves them against the identity), with the size n of those
+# n x n systems: a run on them asks XLA:CPU for serial LAPACK scheduling
+# (metalearn.runner.cpu_backend.schedule_lapack_calls_serially), and one on several XLA:CPU
+# devices is refused if a device would solve more at once than jaxlib runs inline
+# (metalearn.runner.experiment.lapack_batch_error).
+BATCHED_LINALG_ENVS: dict[str, int] = {}
 
 
 def register_env(
-    name: str, *, batched_linalg: bool = False
+    name: str, *, linalg_size: int | None = None
 ) -> Callable[[Callable[[], Env]], Callable[[], Env]]:
     """Decorator: ``@register_env("nav2d")`` above a factory ``() -> Env``; ``data.env=NAME``
-    then selects it in a run (:mod:`metalearn.rl.family`). ``batched_linalg=True`` for an
+    then selects it in a run (:mod:`metalearn.rl.family`). ``linalg_size=n`` for an
     environment whose step calls LAPACK-backed linear algebra (``jnp.linalg``,
-    ``jax.scipy.linalg``) on a batch: see :data:`BATCHED_LINALG_ENVS`."""
+    ``jax.scipy.linalg``) on n x n systems, one per rollout: see :data:`BATCHED_LINALG_ENVS`."""
 
     def decorate(factory: Callable[[], Env]) -> Callable[[], Env]:
         ENVS[name] = factory
-        if batched_linalg:
-            BATCHED_LINALG_ENVS.add(name)
+        if linalg_size is not None:
+            BATCHED_LINALG_ENVS[name] = linalg_size
         return factory
 
     return decorate

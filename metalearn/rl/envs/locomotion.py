@@ -223,9 +223,14 @@ def env_dt(name: str, backend: str = DEFAULT_BACKEND) -> float:
     return float(brax_env(FAMILIES[name].robot, backend).dt)
 
 
+# The robots' generalized velocities (Brax's sys.qd_size()): the size of the mass matrix that
+# Brax's generalized pipeline factorises (Cholesky) and solves against the identity every step.
+MASS_MATRIX_SIZE = {"halfcheetah": 9, "ant": 14}
+
+
 def _register(name: str) -> None:
-    # Brax's generalized pipeline solves with a Cholesky factor of the mass matrix every step
-    register_env(name, batched_linalg=True)(lambda: make_locomotion_env(name))
+    size = MASS_MATRIX_SIZE[FAMILIES[name].robot]
+    register_env(name, linalg_size=size)(lambda: make_locomotion_env(name))
 
 
 for _name in FAMILIES:  # data.env=cheetah_dir etc.: the default backend, horizon 200
