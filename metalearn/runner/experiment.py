@@ -280,7 +280,7 @@ def refuse_unused_optimizer(cfg: Config) -> None:
     settings = outer_step_settings(cfg.algorithm)
     if settings is None:
         return
-    default = OptimizerConfig(name=cfg.optimizer.name)
+    default = OptimizerConfig()
     changed = [
         f"optimizer.{f.name}={getattr(cfg.optimizer, f.name)}"
         for f in dataclasses.fields(OptimizerConfig)

@@ -209,6 +209,9 @@ def test_maml_rl_with_trpo_refuses_optimizer_settings_it_would_ignore():
     rl = ["+experiment=rl_nav2d_maml", "+debug=tiny", "model.hidden_sizes=[8]"]
     with pytest.raises(ValueError, match=r"optimizer.lr=1e\+30 would have no effect"):
         build_experiment(to_objects(compose_config([*rl, "optimizer.lr=1e30"])))
+    # the optimizer's name too: optimizer.name=sgd ran as the default did
+    with pytest.raises(ValueError, match=r"optimizer.name=sgd would have no effect"):
+        build_experiment(to_objects(compose_config([*rl, "optimizer.name=sgd"])))
     build_experiment(to_objects(compose_config([*rl, "algorithm.outer=ppo", "optimizer.lr=0.01"])))
 
 
