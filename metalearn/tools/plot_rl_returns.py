@@ -20,7 +20,7 @@ import math
 import sys
 from pathlib import Path
 
-from metalearn.tools import require_matplotlib
+from metalearn.tools import exit_status, require_matplotlib
 
 require_matplotlib()  # the plot extra: one line and exit 2 without it
 import matplotlib.pyplot as plt  # noqa: E402
@@ -50,15 +50,36 @@ def read_returns(run: Path) -> list[tuple[int, float | None, float | None]]:
             isinstance(r, dict) and {"metric", "steps", "mean"} <= r.keys() for r in records
         ):
             raise ValueError("a record without metric, steps and mean")
+        records = [r for r in records if r["metric"] == METRIC]
+        for r in records:
+            check_values(r)
     except (OSError, ValueError) as err:  # json.JSONDecodeError is a ValueError
         raise ValueError(
             f"{path} is not an eval.json list of records ({str(err).splitlines()[0]}); give a "
             "run directory or a file written by python -m metalearn.evaluate RUN --out FILE"
         ) from None
-    records = [r for r in records if r["metric"] == METRIC]
     if not records:
         raise ValueError(f"{path} has no '{METRIC}' records: not an RL run")
     return sorted((r["steps"], r["mean"], r.get("ci95")) for r in records)
+
+
+def check_values(record: dict) -> None:
+    """Raise ValueError unless ``steps`` is a count of inner steps and ``mean`` and ``ci95`` are
+    numbers or null (``ci95`` may be absent).
+
+    >>> check_values({"steps": 1, "mean": "x"})
+    Traceback (most recent call last):
+    ValueError: a record with mean 'x', not a number or null
+    """
+    steps = record["steps"]
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        raise ValueError(
+            f"a record with steps {steps!r}, not a number of inner steps (0, 1, 2, ...)"
+        )
+    for key in ("mean", "ci95"):
+        value = record.get(key)
+        if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)):
+            raise ValueError(f"a record with {key} {value!r}, not a number or null")
 
 
 def check_out(out: Path) -> None:
@@ -121,7 +142,8 @@ def plot(
     ax.set_xticks(all_steps)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
+    # The path as given: without an extension matplotlib would write (and overwrite) OUT.png.
+    fig.savefig(out, dpi=100, format=out.suffix[1:].lower() or "png")
     plt.close(fig)
 
 
@@ -133,24 +155,33 @@ def main(argv: list[str] | None = None) -> int:
         "runs", type=Path, nargs="+", help="run directories or evaluation JSON files"
     )
     parser.add_argument("--labels", nargs="+", help="one per run (default: experiment names)")
-    parser.add_argument("--out", type=Path, default=Path("rl_returns.png"))
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("rl_returns.png"),
+        help="written as given (a PNG without an extension)",
+    )
     parser.add_argument("--title", default="2D navigation")
     parser.add_argument("--table", action="store_true", help="print a Markdown table too")
     args = parser.parse_args(argv)
-    try:
+
+    def work() -> None:
         if args.labels and len(args.labels) != len(args.runs):
             raise ValueError(f"{len(args.labels)} --labels for {len(args.runs)} run directories")
         check_out(args.out)
         labels = args.labels or [default_label(r) for r in args.runs]
+        repeated = next((label for label in labels if labels.count(label) > 1), None)
+        if repeated is not None:  # a dict keyed by label would keep only the last such run
+            raise ValueError(
+                f"more than one run is labelled '{repeated}': give distinct --labels, one per run"
+            )
         rows = {label: read_returns(run) for label, run in zip(labels, args.runs, strict=True)}
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    plot(rows, args.out, args.title)
-    if args.table:
-        print(markdown_table(rows))
-    print(f"wrote {args.out}")
-    return 0
+        plot(rows, args.out, args.title)
+        if args.table:
+            print(markdown_table(rows))
+        print(f"wrote {args.out}")
+
+    return exit_status(work)
 
 
 if __name__ == "__main__":

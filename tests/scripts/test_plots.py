@@ -245,3 +245,44 @@ def test_rl_returns_label_without_a_readable_config(tmp_path):
     result = run_tool("plot_rl_returns", str(run / "eval_best.json"), "--out", str(out), "--table")
     assert result.returncode == 0, result.stderr
     assert "| myrun (eval_best) |" in result.stdout
+
+
+def test_rl_returns_refuses_two_runs_with_the_same_label(tmp_path):
+    # Both were kept under one label: one table row and one line, the second run's numbers.
+    maml = _rl_run(tmp_path / "a", "rl_nav2d_maml", [-40.0, -12.0])
+    again = _rl_run(tmp_path / "b", "rl_nav2d_maml", [-70.0, -68.0])
+    out = tmp_path / "r.png"
+    result = run_tool("plot_rl_returns", str(maml), str(again), "--out", str(out), "--table")
+    error_line(result, "'rl_nav2d_maml'", "distinct --labels")
+    labels = ["--labels", "A", "A", "--out", str(out)]
+    error_line(run_tool("plot_rl_returns", str(maml), str(again), *labels), "'A'", "--labels")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "key, value, fragment",
+    [
+        ("steps", "1", "steps '1'"),
+        ("steps", True, "steps True"),
+        ("mean", "x", "mean 'x'"),
+        ("ci95", "n/a", "ci95 'n/a'"),
+    ],
+)
+def test_rl_returns_refuses_a_malformed_value(tmp_path, key, value, fragment):
+    # Each ended in a TypeError traceback (or, for steps alone in its file, a plot of strings).
+    records = [_eval_record(0, -40.0, 2.0), {**_eval_record(1, -12.0, 1.0), key: value}]
+    path = tmp_path / "eval.json"
+    path.write_text(json.dumps(records))
+    result = run_tool("plot_rl_returns", str(path), "--out", str(tmp_path / "r.png"))
+    error_line(result, str(path), "not an eval.json list of records", fragment)
+
+
+def test_rl_returns_writes_exactly_the_out_path_given(tmp_path):
+    # --out without an extension said "wrote .../returns" but wrote .../returns.png.
+    run = _rl_run(tmp_path / "a", "rl_nav2d_maml", [-40.0, -12.0])
+    out = tmp_path / "returns"
+    result = run_tool("plot_rl_returns", str(run), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"wrote {out}\n"
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (tmp_path / "returns.png").exists()
