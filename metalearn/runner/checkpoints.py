@@ -26,7 +26,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
+from jax.tree_util import tree_leaves_with_path
 
 PyTree = Any
 MANIFEST = "checksums.sha256"
@@ -71,8 +74,45 @@ class CheckpointMismatchError(ValueError):
     """An intact checkpoint whose parameters do not fit the config's (shape or structure)."""
 
 
-# Orbax's words for a restore template that does not fit the saved tree (not a damaged file).
-MISMATCH_MARKERS = ("tree structures do not match", "not compatible with the stored shape")
+# Orbax's words for a restore template that does not fit the saved tree (not a damaged file),
+# and those of stored_mismatch, which finds it first from the checkpoint's metadata.
+MISMATCH_MARKERS = (
+    "tree structures do not match",
+    "not compatible with the stored shape",
+    "in this config",
+)
+
+
+def _names(path: tuple) -> tuple[str, ...]:
+    """A pytree path as names, whatever kind of node held each entry (orbax stores NamedTuple
+    fields as dict keys)."""
+    return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
+def stored_mismatch(state_dir: str, template: PyTree) -> str | None:
+    """How the arrays saved in ``state_dir`` differ from ``template``'s (an array only one of
+    them has, or the first shape that differs), from the checkpoint's metadata alone; None if
+    they fit or the metadata cannot be read (the restore then tells).
+
+    Checked before restoring: a restore into a template that does not fit leaves orbax's
+    abandoned readers to print tracebacks when the process exits.
+    """
+    try:
+        metadata = ocp.StandardCheckpointHandler().metadata(epath.Path(state_dir))
+    except Exception:  # noqa: BLE001 - unreadable metadata: the restore reports the damage
+        return None
+    tree = getattr(metadata, "item_metadata", metadata)
+    stored = {_names(p): tuple(getattr(m, "shape", ())) for p, m in tree_leaves_with_path(tree)}
+    wanted = {_names(p): tuple(np.shape(x)) for p, x in tree_leaves_with_path(template)}
+    only_stored, only_wanted = sorted(stored.keys() - wanted), sorted(wanted.keys() - stored)
+    if only_stored or only_wanted:
+        name = "/".join(only_stored[0] if only_stored else only_wanted[0])
+        where = "in the checkpoint, not in this config" if only_stored else "in this config only"
+        return f"{name} is {where} ({len(stored)} arrays stored, {len(wanted)} in this config)"
+    for path, shape in wanted.items():
+        if stored[path] != shape:
+            return f"{'/'.join(path)} has shape {stored[path]} stored, {shape} in this config"
+    return None
 
 
 def _is_mismatch(message: str) -> bool:
@@ -175,6 +215,9 @@ class CheckpointStore:
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        mismatch = stored_mismatch(os.path.join(self.step_dir(step), "state"), template)
+        if mismatch is not None:
+            raise RuntimeError(mismatch)
         abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, template)
         args = ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract), metadata=ocp.args.JsonRestore()
