@@ -366,6 +366,12 @@ def validate(cfg: Config) -> None:
     _require(len(e.steps) >= 1, "eval.steps must be a non-empty list, got []")
     _require(min(e.shots) >= 1, f"eval.shots must be >= 1, got {e.shots}")
     _require(min(e.steps) >= 0, f"eval.steps must be >= 0, got {e.steps}")
+    for key in ("shots", "steps"):  # a repeated value wrote the same records twice
+        values = list(getattr(e, key))
+        _require(
+            len(set(values)) == len(values),
+            f"eval.{key} lists a value twice ({values}): give each once",
+        )
     for key in ("num_tasks", "val_tasks", "tasks_per_call"):
         value = getattr(e, key)
         _require(value >= 1, f"eval.{key} must be >= 1, got {value}")

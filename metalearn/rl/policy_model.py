@@ -50,6 +50,11 @@ class GaussianMLP(nn.Module):
         return mean, jnp.broadcast_to(log_std, mean.shape)
 
 
+# The largest scale (and, for the standard deviation, the inverse of the smallest) whose square
+# float32 holds with room to spare: 1e300 became an infinite std and a NaN at the first step.
+FLOAT32_SCALE = 1e6
+
+
 @dataclasses.dataclass
 class GaussianMLPConfig:
     name: str = "gaussian_mlp"
@@ -70,7 +75,13 @@ def gaussian_mlp(num_outputs: int, config: GaussianMLPConfig | None = None) -> G
     c = config or GaussianMLPConfig()
     if not c.hidden_sizes or min(c.hidden_sizes) < 1:
         raise ValueError(f"model.hidden_sizes must be positive widths, got {c.hidden_sizes}")
-    for key in ("init_std", "head_init_scale"):
-        if not getattr(c, key) > 0:
-            raise ValueError(f"model.{key} must be > 0, got {getattr(c, key)}")
+    if not 0 < c.head_init_scale <= FLOAT32_SCALE:  # beyond, squared actions overflow float32
+        raise ValueError(
+            f"model.head_init_scale must be in (0, {FLOAT32_SCALE:g}], got {c.head_init_scale}"
+        )
+    if not 1 / FLOAT32_SCALE <= c.init_std <= FLOAT32_SCALE:  # std**2 in float32: not 0 or inf
+        raise ValueError(
+            f"model.init_std must be in [{1 / FLOAT32_SCALE:g}, {FLOAT32_SCALE:g}], got "
+            f"{c.init_std}"
+        )
     return GaussianMLP(tuple(c.hidden_sizes), num_outputs, c.init_std, c.head_init_scale)

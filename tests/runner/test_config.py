@@ -52,6 +52,9 @@ def test_sinusoid_maml_is_the_papers_setup():
         ("eval.steps=[-1]", "eval.steps must be >= 0"),
         ("eval.steps=[]", "eval.steps must be a non-empty list"),  # said "must be >= 0"
         ("eval.shots=[]", "eval.shots must be a non-empty list"),
+        # eval.json held the same records twice
+        ("eval.steps=[3,1,1]", re.escape("eval.steps lists a value twice ([3, 1, 1])")),
+        ("eval.shots=[5,5]", re.escape("eval.shots lists a value twice ([5, 5])")),
     ],
 )
 def test_bad_values_are_named(override, message):
@@ -182,6 +185,21 @@ def test_renamed_keys_fail_naming_the_new_key(old, new):
 def test_non_finite_settings_are_refused(overrides, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         to_objects(compose_config(["+experiment=rl_nav2d_maml", *overrides]))
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        # Finite but beyond float32: a NaN at the first step, blamed on the learning rates.
+        ("model.init_std=1e300", "model.init_std must be in [1e-06, 1e+06], got 1e+300"),
+        ("model.init_std=1e-300", "model.init_std must be in [1e-06, 1e+06], got 1e-300"),
+        ("model.head_init_scale=1e30", "model.head_init_scale must be in (0, 1e+06], got 1e+30"),
+    ],
+)
+def test_policy_scales_beyond_float32_are_refused(override, message):
+    rl = ["+experiment=rl_nav2d_maml", "+debug=tiny", "model.hidden_sizes=[8]"]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build_experiment(to_objects(compose_config([*rl, override])))
 
 
 @pytest.mark.parametrize(
