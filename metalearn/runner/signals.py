@@ -10,6 +10,7 @@ at once with exit status ``128 + signal``.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -42,6 +43,21 @@ class Interrupted(BaseException):
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
+
+
+# How long a signal that landed in a garbage-collection callback waits to be delivered again.
+REDELIVERY_SECONDS = 0.05
+
+
+def _swallowing_exceptions(frame) -> bool:
+    """Whether ``frame`` runs inside code whose exceptions Python prints and drops: a garbage
+    collector callback (JAX registers one) or a ``__del__`` method."""
+    callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
 
 
 class StopRequest:
@@ -82,6 +98,11 @@ class StopRequest:
                 "received %s: stopping after the current step and saving a checkpoint",
                 signal.Signals(signum).name,
             )
+            return
+        if _swallowing_exceptions(frame):
+            # Raised here, Interrupted would be printed as "Exception ignored in ..." with a
+            # traceback and lost: deliver the signal again once the callback has returned.
+            threading.Timer(REDELIVERY_SECONDS, signal.raise_signal, (signum,)).start()
             return
         self.signum = signum
         self._raised = True
