@@ -4,16 +4,19 @@ Reads ``RUN_DIR/config.yaml``, restores the best-on-validation parameters (or th
 checkpoint with ``--which latest``, or when the run has no ``best/``: a warning says so; or the
 run's untrained initialisation with ``--which init``), evaluates on the test split and writes the
 records, in the ``eval.json`` format plus ``checkpoint`` (best, latest or init) and
-``checkpoint_step``, to ``RUN_DIR/eval_<best|latest|init>.json`` named after the parameters
-actually evaluated (or ``--out``, checked before the evaluation starts). Any setting of the saved
-config can be overridden as ``key=value`` (e.g. ``eval.num_tasks=1000``); an unknown key, an
-unreadable config, a missing checkpoint, an unwritable ``--out`` or a bad flag ends in one
-``error:`` line and exit status 2; Ctrl-C ends in one line, exit status 130.
+``checkpoint_step`` and ``overrides``, to ``RUN_DIR/eval_<best|latest|init>.json`` named after
+the parameters actually evaluated (or ``--out``, checked before the evaluation starts; a file
+there made with other overrides is replaced, and a line says so). Any setting of the saved config
+can be overridden as ``key=value`` (e.g. ``eval.num_tasks=1000``), written as for
+``metalearn.train``; an override that does not parse, an unknown key, an unreadable or corrupt
+config, a missing checkpoint, an unwritable ``--out`` or a bad flag ends in one ``error:`` line
+and exit status 2; Ctrl-C ends in one line, exit status 130.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -23,11 +26,15 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import OverrideType
+from hydra.errors import OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
 from metalearn.config import GROUPS, Config, check_writable_file, rename_old_keys, to_objects
+from metalearn.config_errors import composition_error_message
 from metalearn.data.sources import one_line
 from metalearn.registry import load_plugins
 from metalearn.runner.compilation_cache import enable_compilation_cache
@@ -45,8 +52,9 @@ REQUIRED_KEYS = ("algorithm", "model", "data", "seed", "name")
 def load_run_config(run_dir: str, overrides: list[str]) -> Config:
     """The validated config of a run directory with ``key=value`` overrides applied.
 
-    Raises FileNotFoundError or ValueError with a one-line message: no config.yaml, an empty
-    or half-written one, an override that is not ``key=value`` or names an unknown key.
+    Raises FileNotFoundError or ValueError with a one-line message: no config.yaml, an empty,
+    half-written or corrupt one, an override that does not parse, is not ``key=value`` or names
+    an unknown key.
     """
     path = os.path.join(run_dir, "config.yaml")
     copy = os.path.join(run_dir, "checkpoints", "hydra", "config.yaml")
@@ -64,27 +72,101 @@ def load_run_config(run_dir: str, overrides: list[str]) -> Config:
     missing = [k for k in REQUIRED_KEYS if not isinstance(saved, DictConfig) or k not in saved]
     if missing:
         raise ValueError(f"{path} is empty or half-written (no {', '.join(missing)}); {_REWRITE}")
+    problem = _shape_problem(saved)
+    if problem:
+        raise ValueError(f"{path} is corrupt ({problem}); {_REWRITE}")
     moved = rename_old_keys(saved)
     if moved:
         print(f"{path} predates renamed keys: read {', '.join(moved)}", file=sys.stderr)
-    for override in overrides:  # unknown keys are refused by to_objects, naming the closest
+    patch = _override_config(overrides, saved)
+    try:  # unknown keys are refused by to_objects, naming the closest
+        return to_objects(OmegaConf.merge(saved, patch))
+    except OmegaConfBaseException as err:  # a value of the wrong type, in a file or an override
+        wrong = _wrong_value(err)
+    try:
+        to_objects(saved)
+    except OmegaConfBaseException as err:  # in the file itself
+        raise ValueError(f"{path} is corrupt ({_wrong_value(err)}); {_REWRITE}") from None
+    except ValueError:  # the file's own problem is not the one the overrides ran into
+        pass
+    raise ValueError(
+        f"{wrong}: check the overrides ({' '.join(overrides) or 'none'}) against the keys in {path}"
+    )
+
+
+# The config's sections: a mapping of settings each.
+SECTIONS = (
+    *GROUPS,
+    *(f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(f.default_factory)),
+)
+
+
+def _shape_problem(saved: DictConfig) -> str | None:
+    """What makes a parsed config.yaml no run's config, in words: a section that is not a
+    mapping, a seed that is not an integer; None when it has the right shape. The values in
+    the sections are checked against their schemas by :func:`to_objects`.
+
+    >>> _shape_problem(OmegaConf.create({"trainer": 5, "seed": 0}))
+    'trainer: 5 is not a section of settings'
+    >>> _shape_problem(OmegaConf.create({"trainer": {}, "seed": "abc"}))
+    "seed: 'abc' is not an integer"
+    """
+    raw = OmegaConf.to_container(saved)
+    for key in SECTIONS:
+        if key in raw and not isinstance(raw[key], dict):
+            return f"{key}: {raw[key]!r} is not a section of settings"
+    if isinstance(raw["seed"], bool) or not isinstance(raw["seed"], int):
+        return f"seed: {raw['seed']!r} is not an integer"
+    return None
+
+
+def _wrong_value(err: OmegaConfBaseException) -> str:
+    """OmegaConf's complaint about a value, on one line, naming its setting (``section.key``)."""
+    sections = {
+        f.default_factory: f.name
+        for f in dataclasses.fields(Config)
+        if dataclasses.is_dataclass(f.default_factory)
+    }
+    for group, registry in GROUPS.items():
+        sections.update((registry.entry(n).config_cls, group) for n in registry.names())
+    section = sections.get(getattr(err, "object_type", None))
+    key = getattr(err, "full_key", None)
+    setting = f"{section}.{key}" if section and key else key
+    message = " ".join(str(err).split("\n")[0].split())
+    return f"{setting}: {message}" if setting else message
+
+
+def _override_config(overrides: Sequence[str], saved: DictConfig) -> DictConfig:
+    """The ``key=value`` overrides as a config to merge into ``saved``, parsed as
+    ``metalearn.train`` parses them (Hydra's override grammar, its one-line messages).
+
+    ``+key=value`` (or ``++``) sets the key as ``key=value`` does; a deletion (``~key``), a sweep
+    (``a,b``) or a package (``key@pkg``) is refused, as is a config group (the run's own is kept).
+    """
+    for override in overrides:
         key, sep, _ = override.partition("=")
         if not sep or not key:
             raise ValueError(f"override {override!r} is not key=value (e.g. eval.num_tasks=1000)")
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except OverrideParseException as err:
+        raise ValueError(composition_error_message(err)) from None
+    patch = OmegaConf.create()
+    for override, item in zip(overrides, parsed, strict=True):
+        key = item.key_or_group
+        if item.type == OverrideType.DEL or item.is_sweep_override() or item.package:
+            raise ValueError(
+                f"override {override!r}: evaluate takes plain key=value overrides (no ~ "
+                "deletion, a,b sweep or @package; a list is written [a,b])"
+            )
         if key in GROUPS:
             raise ValueError(
                 f"{override}: a run is evaluated with the {key} it was trained with "
                 f"({key}={saved[key].get('name')}); override its settings instead "
                 f"({key}.KEY=VALUE)"
             )
-    try:
-        return to_objects(OmegaConf.merge(saved, OmegaConf.from_dotlist(overrides)))
-    except OmegaConfBaseException as err:
-        message = " ".join(str(err).split("\n")[0].split())
-        raise ValueError(
-            f"{message}: check the overrides ({' '.join(overrides) or 'none'}) against the keys "
-            f"in {path}"
-        ) from None
+        OmegaConf.update(patch, key, item.value(), merge=True, force_add=True)
+    return patch
 
 
 _REWRITE = (
@@ -142,6 +224,27 @@ def load_run(
     return load_for_evaluation(cfg, run_dir, which)
 
 
+def replacement_note(out: str, overrides: Sequence[str]) -> str | None:
+    """A line saying that the evaluation file ``out`` will be replaced by one made with
+    ``overrides`` while it was made with others (or its records do not say with which); None
+    when there is no ``out`` or it was made with the same overrides.
+    """
+    if not os.path.exists(out):
+        return None
+    try:
+        with open(out) as f:
+            made_with = {tuple(r["overrides"]) for r in json.load(f)}
+    except (OSError, ValueError, TypeError, KeyError):  # no records, or older ones
+        made_with = set()
+    if made_with == {tuple(overrides)}:
+        return None
+    now = " ".join(overrides) or "none"
+    if not made_with:
+        return f"{out} will be replaced; its overrides are not recorded (this evaluation's: {now})"
+    before = "; ".join(" ".join(o) or "none" for o in sorted(made_with))
+    return f"{out} was made with other overrides ({before}): it will be replaced (now: {now})"
+
+
 USAGE = (
     "python -m metalearn.evaluate RUN_DIR [--which best|latest|init] [--out PATH] [key=value ...]"
 )
@@ -175,6 +278,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    replaced = replacement_note(out, args.overrides)
+    if replaced:
+        print(replaced, file=sys.stderr)
     cfg = runner.cfg
     num_tasks = cfg.eval.num_tasks
     print(
@@ -196,7 +302,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         runner.close()
     print(f"evaluated the {runner.loaded} checkpoint (step {runner.loaded_step})")
     for r in records:
-        r.update(checkpoint=runner.loaded, checkpoint_step=runner.loaded_step)
+        r.update(
+            checkpoint=runner.loaded,
+            checkpoint_step=runner.loaded_step,
+            overrides=list(args.overrides),
+        )
     with open(out + ".tmp", "w") as f:
         json.dump(records, f, indent=2)
     os.replace(out + ".tmp", out)

@@ -219,11 +219,51 @@ def run_config_dir(tmp_path_factory):
             "algorithm=reptile",
             ["evaluated with the algorithm it was trained with (algorithm=maml)"],
         ),
+        # It said "+eval is not a setting of the config".
+        ("+eval.foo=1", ["eval.foo is not a setting of eval (EvalConfig: "]),
+        ("eval.shots=1,5", ["'eval.shots=1,5'", "a list is written [a,b]"]),
+        ("~eval.shots=1", ["'~eval.shots=1'", "no ~ deletion"]),
     ],
 )
 def test_evaluate_with_a_misspelt_key(run_config_dir, override, fragments):
     result = run_cli(str(run_config_dir), override, module="metalearn.evaluate")
-    error_line(result, *fragments)
+    line = error_line(result, *fragments)
+    assert "+eval is" not in line
+
+
+@pytest.mark.parametrize("override", ["eval.steps=[0,1", "eval.num_tasks={"])
+def test_evaluate_with_an_override_that_does_not_parse(run_config_dir, override):
+    # A 50-line yaml.parser.ParserError traceback; now the line metalearn.train prints.
+    result = run_cli(str(run_config_dir), override, module="metalearn.evaluate")
+    error_line(result, f"cannot parse the override {override!r}", "override_grammar")
+
+
+def test_evaluate_overrides_are_read_as_train_reads_them(run_config_dir):
+    # "+eval.num_tasks=5" was read as a key named "+eval".
+    cfg = load_run_config(str(run_config_dir), ["+eval.num_tasks=5", "eval.steps=[0, 2]"])
+    assert (cfg.eval.num_tasks, list(cfg.eval.steps)) == (5, [0, 2])
+
+
+@pytest.mark.parametrize(
+    "key, value, problem",
+    [
+        # A TypeError traceback, exit 1.
+        ("algorithm", 5, "algorithm: 5 is not a section of settings"),
+        # Three lines of OmegaConf internals ("Invalid input. Supports one of [dict,...").
+        ("trainer", 5, "trainer: 5 is not a section of settings"),
+        # "error: invalid literal for int() with base 10: 'abc'".
+        ("seed", "abc", "seed: 'abc' is not an integer"),
+        # "... could not be converted to Integer: check the overrides (none) against ...".
+        ("trainer.meta_steps", "abc", "trainer.meta_steps: Value 'abc' of type 'str' could not"),
+    ],
+)
+def test_evaluate_with_a_corrupt_config(run_config_dir, tmp_path, key, value, problem):
+    saved = OmegaConf.load(run_config_dir / "config.yaml")
+    OmegaConf.update(saved, key, value, merge=False)
+    OmegaConf.save(saved, tmp_path / "config.yaml")
+    result = run_cli(str(tmp_path), module="metalearn.evaluate")
+    line = error_line(result, str(tmp_path / "config.yaml"), problem, "restore it from a copy")
+    assert "check the overrides" not in line
 
 
 @pytest.mark.parametrize("cut", [0.0, 0.5])
