@@ -14,7 +14,7 @@ from typing import Any
 import jax
 
 from metalearn.config import Config
-from metalearn.runner.checkpoints import CheckpointStore
+from metalearn.runner.checkpoints import DAMAGED, CheckpointStore
 from metalearn.runner.devices import InFlight, is_primary_host, replicated, task_mesh
 from metalearn.runner.divergence import divergence_advice
 from metalearn.runner.evaluation import (
@@ -336,9 +336,39 @@ def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
         "eval": records,
         # data loading or preparation, compilation, training and evaluation, all together
         "wall_seconds": time.perf_counter() - started,
+        "earlier_processes": earlier_processes(runner.workdir),
     }
     _write_json(runner.workdir, "summary.json", summary)
     return summary
+
+
+# What summary.json says of the process that wrote it (its times and rate are its own).
+PROCESS_KEYS = (
+    "start_step",
+    "step",
+    "train_seconds",
+    "compile_seconds",
+    "steps_per_s",
+    "devices",
+    "wall_seconds",
+)
+
+
+def earlier_processes(workdir: str) -> list[dict]:
+    """The times of the processes that finished this run before (from the ``summary.json``
+    about to be replaced): a rerun of a finished run, or one resumed with a longer
+    ``trainer.meta_steps``, keeps them instead of overwriting them. Empty when there is no
+    readable summary."""
+    try:
+        with open(os.path.join(workdir, "summary.json")) as f:
+            previous = json.load(f)
+    except (OSError, ValueError):
+        return []
+    if not isinstance(previous, dict):
+        return []
+    earlier = previous.get("earlier_processes")
+    earlier = earlier if isinstance(earlier, list) else []
+    return [*earlier, {key: previous.get(key) for key in PROCESS_KEYS}]
 
 
 def _log_training(
@@ -405,6 +435,13 @@ def _final_evaluation(runner: Runner, state) -> list[dict]:
     return records
 
 
+def _why_none(store: str, otherwise: str) -> str:
+    """Why a checkpoint store has no intact checkpoint: damaged ones moved to its
+    ``damaged/`` (the restore's warning named each), or ``otherwise``."""
+    damaged = os.path.join(store, DAMAGED)
+    return f"damaged ones were moved to {damaged}" if os.path.isdir(damaged) else otherwise
+
+
 def load_for_evaluation(cfg: Config, workdir: str, which: str = "best") -> tuple[Runner, Any]:
     """A runner and saved meta-parameters (``best`` or ``latest``) from a run directory, or the
     run's untrained initialisation (``init``, drawn from its seed; no checkpoint is read).
@@ -426,13 +463,18 @@ def load_for_evaluation(cfg: Config, workdir: str, which: str = "best") -> tuple
             runner.loaded, runner.loaded_step = "best", int(best[1]["step"])
             return runner, best[0]
         log.warning(
-            "no intact best-on-validation checkpoint in %s (validation off, or damaged and "
-            "moved aside as said above): the latest is used",
+            "no intact best-on-validation checkpoint in %s (%s): the latest is used",
             runner.best.directory,
+            _why_none(runner.best.directory, "validation off, or no validation yet"),
         )
     latest = runner.checkpoints.restore_intact(template)
     if latest is None:
         runner.close()
-        raise FileNotFoundError(f"no checkpoint in {workdir}: nothing to evaluate")
+        why = _why_none(runner.checkpoints.directory, "none was saved")
+        raise FileNotFoundError(
+            f"no intact checkpoint in {runner.checkpoints.directory} ({why}): nothing to "
+            f"evaluate; rerun the training command with hydra.run.dir={workdir} to train it "
+            "again, or evaluate the untrained initialisation with --which init"
+        )
     runner.loaded, runner.loaded_step = "latest", int(latest[0].step)
     return runner, trained(latest[0])

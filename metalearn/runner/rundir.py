@@ -179,10 +179,18 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any
 def check_rerun(cfg: Config, workdir: str) -> dict[str, tuple[Any, Any]]:
     """Raise RunDirectoryError if ``cfg`` must not run in ``workdir``; return allowed changes."""
     steps = saved_steps(workdir)
-    if not steps and not os.path.exists(os.path.join(workdir, "eval.json")):
+    evaluated = os.path.exists(os.path.join(workdir, "eval.json"))
+    metrics = os.path.join(workdir, "metrics.jsonl")
+    logged = os.path.exists(metrics) and os.path.getsize(metrics) > 0
+    if not (steps or evaluated or logged):
         return {}  # nothing saved yet: a fresh start cannot mix anything
-    held = f"checkpoints up to step {max(steps)}" if steps else "a finished evaluation"
-    if not cfg.trainer.resume:
+    if steps:
+        held = f"checkpoints up to step {max(steps)}"
+    elif evaluated:
+        held = "a finished evaluation"
+    else:
+        held = "metrics.jsonl, stopped before its first checkpoint"
+    if not cfg.trainer.resume and (steps or evaluated):
         raise RunDirectoryError(
             f"{workdir} already holds a run ({held}) and trainer.resume=false would mix a new "
             f"run into it: choose a new hydra.run.dir, or drop trainer.resume=false to resume"
@@ -196,7 +204,11 @@ def check_rerun(cfg: Config, workdir: str) -> dict[str, tuple[Any, Any]]:
         )
     stored = _stored_config(workdir)
     if stored is None:
-        return {}
+        raise RunDirectoryError(
+            f"{workdir} holds run outputs ({held}) but no record of their config (config.yaml, "
+            f"checkpoints/{RECORD}): a run here would mix with them. Nothing was changed. "
+            "Choose a new hydra.run.dir, or move those files away"
+        )
     changed = differences(stored, flat_config(cfg))
     refused = {k: v for k, v in changed.items() if not _matches(k, cfg.trainer.allow_changes)}
     if refused:

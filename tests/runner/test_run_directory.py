@@ -72,7 +72,7 @@ def assert_same_state(a: Path, b: Path) -> None:
 
 def one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> str:
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1, result.stderr
     for fragment in fragments:
@@ -340,6 +340,27 @@ def test_nan_message_names_the_newest_intact_checkpoint(run_copy):
     assert os.path.exists(run_copy / "checkpoints" / "4")  # reporting moves nothing
 
 
+def test_evaluate_records_its_overrides_and_says_what_it_replaces(run_copy):
+    # The file was replaced silently, and its records did not say which overrides made them.
+    out = run_copy / "eval_best.json"
+    out.write_text(json.dumps([{"metric": "loss", "checkpoint": "best"}]))  # an older file
+    first = cli("metalearn.evaluate", str(run_copy), "eval.num_tasks=2")
+    assert first.returncode == 0, first.stderr
+    assert f"{out} will be replaced; its overrides are not recorded" in first.stderr
+    assert {tuple(r["overrides"]) for r in json.loads(out.read_text())} == {("eval.num_tasks=2",)}
+    again = ["eval.num_tasks=3", "eval.steps=[0,1]"]
+    second = cli("metalearn.evaluate", str(run_copy), *again)
+    assert second.returncode == 0, second.stderr
+    assert (
+        f"{out} was made with other overrides (eval.num_tasks=2): it will be replaced (now: "
+        "eval.num_tasks=3 eval.steps=[0,1])"
+    ) in second.stderr
+    records = json.loads(out.read_text())
+    assert {tuple(r["overrides"]) for r in records} == {("eval.num_tasks=3", "eval.steps=[0,1]")}
+    same = cli("metalearn.evaluate", str(run_copy), *again)
+    assert same.returncode == 0 and "will be replaced" not in same.stderr, same.stderr
+
+
 def test_evaluate_of_the_initialisation_and_ctrl_c(run_copy):
     result = cli("metalearn.evaluate", str(run_copy), "--which", "init", "eval.num_tasks=2")
     assert result.returncode == 0, result.stderr
@@ -360,3 +381,58 @@ def test_evaluate_of_the_initialisation_and_ctrl_c(run_copy):
     assert proc.returncode == 130 and "Traceback" not in err, err
     assert err.strip().splitlines()[-1] == "interrupted by SIGINT: nothing was written"
     assert not (run_copy / "eval_best.json").exists()
+
+
+def stopped_before_its_first_checkpoint(run_copy: Path) -> Path:
+    """The run directory as a run killed before its first checkpoint leaves it: its config
+    recorded and some metrics logged, no checkpoint and no evaluation."""
+    for store in ("checkpoints", "best"):
+        for step_dir in (run_copy / store).iterdir():
+            if step_dir.name.isdigit():
+                shutil.rmtree(step_dir)
+    shutil.rmtree(run_copy / "best")
+    (run_copy / "eval.json").unlink()
+    return run_copy
+
+
+def test_a_run_stopped_before_its_first_checkpoint_is_not_taken_over_by_another_config(
+    run_copy,
+):
+    # Its metrics.jsonl was replaced by the other config's, without a word.
+    run_dir = stopped_before_its_first_checkpoint(run_copy)
+    before = snapshot(run_dir)
+    one_line_error(
+        train(run_dir, "seed=5"),
+        "holds a run (metrics.jsonl, stopped before its first checkpoint) with a different "
+        "config: seed 0 -> 5",
+    )
+    assert snapshot(run_dir) == before
+    # Its own config starts it again from step 0.
+    result = train(run_dir)
+    assert result.returncode == 0, result.stderr
+    assert (run_dir / "eval.json").exists()
+
+
+def test_run_outputs_with_no_record_of_their_config_are_refused(tmp_path):
+    run_dir = tmp_path / "foreign"
+    run_dir.mkdir()
+    (run_dir / "eval.json").write_text("[]")
+    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
+    before = snapshot(run_dir)
+    one_line_error(train(run_dir), "holds run outputs (a finished evaluation) but no record")
+    assert snapshot(run_dir) == before
+
+
+def test_evaluate_with_every_checkpoint_damaged_says_where_they_went(run_copy):
+    # It said "no checkpoint in DIR", after a warning had moved them, and gave no next step.
+    for store in ("checkpoints", "best"):
+        for step_dir in (run_copy / store).iterdir():
+            if step_dir.name.isdigit():
+                _flip(_data_file(step_dir))
+    line = one_line_error(
+        cli("metalearn.evaluate", str(run_copy)),
+        f"no intact checkpoint in {run_copy / 'checkpoints'} (damaged ones were moved to "
+        f"{run_copy / 'checkpoints' / 'damaged'}): nothing to evaluate",
+        "--which init",
+    )
+    assert "hydra.run.dir=" in line

@@ -16,6 +16,7 @@ from metalearn.config import to_objects
 from metalearn.runner.checkpoints import CheckpointStore
 from metalearn.runner.experiment import build_experiment
 from metalearn.runner.loop import (
+    PROCESS_KEYS,
     NonFiniteError,
     Runner,
     chunk_length,
@@ -87,8 +88,12 @@ def test_resumed_run_reaches_the_same_parameters(tmp_path):
     short = tiny_config(*overrides[1:], "trainer.meta_steps=8")
     train_and_evaluate(short, str(tmp_path / "resumed"))
     assert CheckpointStore(str(tmp_path / "resumed" / "checkpoints"), 2).latest_step() == 8
+    first = json.loads((tmp_path / "resumed" / "summary.json").read_text())
     summary = train_and_evaluate(cfg, str(tmp_path / "resumed"))
     assert summary["start_step"] == 8  # the resumed process's own times, said so
+    # and the first process's are kept (they were overwritten)
+    assert summary["earlier_processes"] == [{key: first[key] for key in PROCESS_KEYS}]
+    assert first["earlier_processes"] == [] and first["step"] == 8
     straight, resumed = (
         restore_latest_state(str(tmp_path / "straight"), cfg),
         restore_latest_state(str(tmp_path / "resumed"), cfg),
