@@ -15,7 +15,6 @@ and exit status 2; Ctrl-C ends in one line, exit status 130.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
@@ -43,6 +42,7 @@ from metalearn.runner.devices import out_of_memory_message
 from metalearn.runner.evaluation import format_record
 from metalearn.runner.experiment import needs_serial_lapack
 from metalearn.runner.loop import Runner, load_for_evaluation
+from metalearn.tools import OneLineParser
 
 # Keys every config.yaml written by metalearn.train holds; seed and name come last in the file,
 # so a file cut short misses them.
@@ -250,14 +250,13 @@ USAGE = (
 )
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse whose errors are one ``error:`` line with the usage, exit status 2."""
+class _OneLineParser(OneLineParser):
+    """The tools' one-line parser, naming what evaluate needs when the run is missing."""
 
     def error(self, message: str) -> NoReturn:
         if "required: run_dir" in message:  # argparse also names the optional overrides there
             message = "name the run directory to evaluate"
-        print(f"error: {message}; usage: {USAGE}", file=sys.stderr)
-        sys.exit(2)
+        super().error(message)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -13,9 +13,30 @@ Benchmarks, PyTorch peers and the reference implementations stay in the reposito
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 from types import ModuleType
+from typing import NoReturn
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors (a missing argument, an unknown flag) are one ``error:`` line
+    ending with the usage on one line, exit status 2; plain argparse prints its usage block
+    first.
+
+    >>> parser = OneLineParser(prog="python -m metalearn.tools.x")
+    >>> _ = parser.add_argument("run_dir")
+    >>> parser.one_line_usage()
+    'python -m metalearn.tools.x [-h] run_dir'
+    """
+
+    def one_line_usage(self) -> str:
+        return " ".join(self.format_usage().split()).removeprefix("usage: ")
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message}; usage: {self.one_line_usage()}", file=sys.stderr)
+        sys.exit(2)
 
 
 def exit_status(work: Callable[[], object]) -> int:

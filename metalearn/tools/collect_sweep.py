@@ -12,7 +12,6 @@ dropped; so are runs tabulated without their overrides (no ``.hydra/overrides.ya
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import sys
@@ -22,6 +21,7 @@ import yaml
 
 from metalearn.config import check_writable_file
 from metalearn.runner.sweeps import read_status
+from metalearn.tools import OneLineParser
 
 RECORD_COLUMNS = [
     "metric",
@@ -98,7 +98,7 @@ def collect(sweep_dir: Path) -> tuple[list[dict], list[tuple[Path, str]], list[P
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m metalearn.tools.collect_sweep", description=__doc__.splitlines()[0]
     )
     parser.add_argument("sweep_dir", type=Path)

@@ -12,13 +12,12 @@ linear otherwise (returns).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-from metalearn.tools import exit_status, require_matplotlib
+from metalearn.tools import OneLineParser, exit_status, require_matplotlib
 
 require_matplotlib()  # the plot extra: one line and exit 2 without it
 import matplotlib.pyplot as plt  # noqa: E402
@@ -120,7 +119,7 @@ def plot(run_dirs: list[Path], out: Path, metrics: list[str] | None = None) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m metalearn.tools.plot_learning_curves", description=__doc__.splitlines()[0]
     )
     parser.add_argument("run_dirs", nargs="+", type=Path)

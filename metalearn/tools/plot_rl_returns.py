@@ -13,14 +13,13 @@ prints the numbers as a Markdown table. Labels default to each run's experiment 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
 import sys
 from pathlib import Path
 
-from metalearn.tools import exit_status, require_matplotlib
+from metalearn.tools import OneLineParser, exit_status, require_matplotlib
 
 require_matplotlib()  # the plot extra: one line and exit 2 without it
 import matplotlib.pyplot as plt  # noqa: E402
@@ -148,7 +147,7 @@ def plot(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m metalearn.tools.plot_rl_returns", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(

@@ -8,7 +8,6 @@ Draws the true function, the meta-learned model's prediction before adaptation a
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from omegaconf import OmegaConf
 
-from metalearn.tools import exit_status, require_matplotlib
+from metalearn.tools import OneLineParser, exit_status, require_matplotlib
 
 require_matplotlib()  # the plot extra: one line and exit 2 without it
 import matplotlib.pyplot as plt  # noqa: E402
@@ -80,7 +79,7 @@ def initial_model_params(meta_params):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m metalearn.tools.plot_sinusoid", description=__doc__.splitlines()[0]
     )
     parser.add_argument("run_dir", type=Path)

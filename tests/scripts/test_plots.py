@@ -286,3 +286,14 @@ def test_rl_returns_writes_exactly_the_out_path_given(tmp_path):
     assert result.stdout == f"wrote {out}\n"
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (tmp_path / "returns.png").exists()
+
+
+@pytest.mark.parametrize(
+    "tool", ["plot_rl_returns", "plot_learning_curves", "plot_sinusoid", "collect_sweep"]
+)
+@pytest.mark.parametrize("args", [[], ["RUN", "--bogus"]], ids=["nothing", "unknown-flag"])
+def test_a_tool_called_wrongly_says_so_in_one_line(tool, args):
+    # argparse printed its usage block (five lines for plot_rl_returns) before the error.
+    result = run_tool(tool, *args)
+    error_line(result, f"; usage: python -m metalearn.tools.{tool} [-h]")
+    assert result.stderr.count("\n") == 1, result.stderr
