@@ -49,9 +49,23 @@ class Interrupted(BaseException):
 REDELIVERY_SECONDS = 0.05
 
 
+class _Collection:
+    """Whether the garbage collector is running (a ``gc.callbacks`` entry): the weakref
+    callbacks and finalizers it calls print and drop any exception."""
+
+    running = False
+
+    @classmethod
+    def track(cls, phase: str, info: dict) -> None:
+        cls.running = phase == "start"
+
+
 def _swallowing_exceptions(frame) -> bool:
-    """Whether ``frame`` runs inside code whose exceptions Python prints and drops: a garbage
-    collector callback (JAX registers one) or a ``__del__`` method."""
+    """Whether ``frame`` runs inside code whose exceptions Python prints and drops: anything
+    the garbage collector runs (its callbacks, JAX's among them; weakref callbacks;
+    finalizers) or a ``__del__`` method."""
+    if _Collection.running:
+        return True
     callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
     while frame is not None:
         if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
@@ -112,8 +126,11 @@ class StopRequest:
         if threading.current_thread() is threading.main_thread():
             for signum in SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)
+            gc.callbacks.append(_Collection.track)
         return self
 
     def __exit__(self, *exc) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
+        if _Collection.track in gc.callbacks:
+            gc.callbacks.remove(_Collection.track)

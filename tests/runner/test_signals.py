@@ -12,10 +12,12 @@ import pytest
 from metalearn.runner.signals import Interrupted, StopRequest
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 def test_a_signal_inside_a_gc_callback_is_raised_after_the_callback():
     # Seen in the SIGTERM-during-compilation test: the signal landed in JAX's garbage-collection
     # callback, Interrupted was printed as "Exception ignored in: <function _xla_gc_callback>"
-    # with a traceback, and dropped.
+    # with a traceback, and dropped. Delivered again while the collector still ran (a loaded
+    # machine), it landed in a weakref callback the collector called, and was dropped there.
     landed = []
 
     def callback(phase, info):
