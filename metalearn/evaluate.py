@@ -94,11 +94,14 @@ def load_run_config(run_dir: str, overrides: list[str]) -> Config:
     )
 
 
-# The config's sections: a mapping of settings each.
-SECTIONS = (
-    *GROUPS,
-    *(f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(f.default_factory)),
-)
+# The config's fixed sections (trainer, eval, ...) by their schema, and all its sections (those
+# and the config groups): a mapping of settings each.
+FIXED_SECTIONS = {
+    f.default_factory: f.name
+    for f in dataclasses.fields(Config)
+    if dataclasses.is_dataclass(f.default_factory)
+}
+SECTIONS = (*GROUPS, *FIXED_SECTIONS.values())
 
 
 def _shape_problem(saved: DictConfig) -> str | None:
@@ -122,11 +125,7 @@ def _shape_problem(saved: DictConfig) -> str | None:
 
 def _wrong_value(err: OmegaConfBaseException) -> str:
     """OmegaConf's complaint about a value, on one line, naming its setting (``section.key``)."""
-    sections = {
-        f.default_factory: f.name
-        for f in dataclasses.fields(Config)
-        if dataclasses.is_dataclass(f.default_factory)
-    }
+    sections = dict(FIXED_SECTIONS)
     for group, registry in GROUPS.items():
         sections.update((registry.entry(n).config_cls, group) for n in registry.names())
     section = sections.get(getattr(err, "object_type", None))

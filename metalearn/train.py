@@ -48,6 +48,7 @@ from metalearn.runner.rundir import (
     record_kept_unless_trained,
 )
 from metalearn.runner.sweeps import record_job
+from metalearn.tools import usage_error
 
 # The Hydra configs ship inside the package (metalearn/conf/), so a wheel install runs too.
 CONF_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
@@ -239,6 +240,12 @@ def _bare_flags_first(argv: list[str]) -> list[str]:
     return [a for a in argv if a in _BARE_FLAGS] + [a for a in argv if a not in _BARE_FLAGS]
 
 
+TRAIN_USAGE = (
+    "python -m metalearn.train [-m] +experiment=NAME [key=value ...] (--hydra-help lists "
+    "Hydra's flags)"
+)
+
+
 def _exit_on_bad_flags(argv: list[str]) -> None:
     """One ``error:`` line, exit 2, for a flag Hydra's parser refuses (it prints its usage)."""
     if any(a in ("-h", "--help", "--hydra-help", "--version") for a in argv):
@@ -246,12 +253,7 @@ def _exit_on_bad_flags(argv: list[str]) -> None:
     parser = get_args_parser()
 
     def error(message: str) -> NoReturn:
-        print(
-            f"error: {message}; usage: python -m metalearn.train [-m] +experiment=NAME "
-            "[key=value ...] (--hydra-help lists Hydra's flags)",
-            file=sys.stderr,
-        )
-        sys.exit(2)
+        usage_error(message, TRAIN_USAGE)
 
     parser.error = error  # type: ignore[method-assign]
     parser.parse_args(argv)

@@ -199,7 +199,18 @@ def needs_serial_lapack(cfg: Config) -> bool:
     return getattr(cfg.data, "env", None) in BATCHED_LINALG_ENVS
 
 
-def lapack_batch_error(cfg: Config, strategy: str, device_count: int) -> str | None:
+def _linalg_size_on_cpu_devices(cfg: Config, platform: str, device_count: int) -> int | None:
+    """The size of the systems a locomotion family's physics solves in batches
+    (:data:`~metalearn.rl.envs.BATCHED_LINALG_ENVS`) when the run has several XLA:CPU devices;
+    None for any other run."""
+    from metalearn.rl.envs import BATCHED_LINALG_ENVS
+
+    if platform != "cpu" or device_count < 2:
+        return None
+    return BATCHED_LINALG_ENVS.get(getattr(cfg.data, "env", None))
+
+
+def lapack_batch_error(cfg: Config, strategy: str, platform: str, device_count: int) -> str | None:
     """The line a run is refused with when, on several XLA:CPU devices, one device would step
     so many rollouts of a locomotion family at once that its physics' batched solve takes
     jaxlib 0.10's threaded path, which deadlocks across devices (every thread idle, the run
@@ -214,27 +225,24 @@ def lapack_batch_error(cfg: Config, strategy: str, device_count: int) -> str | N
     ...     cfg = Config(data=RLTasksConfig(env=env, rollouts=rollouts),
     ...                  algorithm=MAMLRLAlgorithmConfig(post_rollouts=rollouts),
     ...                  trainer=TrainerConfig(meta_batch_size=10))
-    ...     return lapack_batch_error(cfg, "map", devices)
+    ...     return lapack_batch_error(cfg, "map", "cpu", devices)
     >>> print(error("ant_dir", 20, 2))  # doctest: +ELLIPSIS
     ant_dir on 2 XLA:CPU devices: each would step 100 rollouts at once (5 tasks x 20), ...
     >>> error("ant_dir", 14, 2), error("ant_dir", 20, 1), error("cheetah_dir", 20, 2)
     (None, None, None)
     """
-    from metalearn.rl.envs import BATCHED_LINALG_ENVS
-
-    size = BATCHED_LINALG_ENVS.get(getattr(cfg.data, "env", None))
-    if size is None or device_count < 2 or not cfg.trainer.shard_tasks:
-        return None
-    if jax.default_backend() != "cpu":
+    size = _linalg_size_on_cpu_devices(cfg, platform, device_count)
+    if size is None or not cfg.trainer.shard_tasks:
         return None
     limit = inline_solve_batch(size)
     tasks = cfg.trainer.meta_batch_size // device_count
     rollouts = max(cfg.data.rollouts, getattr(cfg.algorithm, "post_rollouts", 0))
     what, batch = f"{tasks} tasks x {rollouts}", tasks * rollouts
     eval_tasks = 1 if strategy != "vmap" else -(-cfg.eval.tasks_per_call // device_count)
-    eval_batch = eval_tasks * getattr(cfg.algorithm, "eval_rollouts", 0)
-    if eval_batch > batch:
-        what, batch = f"{eval_tasks} evaluation tasks x {eval_batch // eval_tasks}", eval_batch
+    eval_rollouts = getattr(cfg.algorithm, "eval_rollouts", 0)
+    if eval_tasks * eval_rollouts > batch:
+        what = f"{eval_tasks} evaluation tasks x {eval_rollouts}"
+        batch = eval_tasks * eval_rollouts
     if batch <= limit:
         return None
     return (
@@ -260,7 +268,7 @@ def lapack_device_warning(cfg: Config, platform: str, device_count: int) -> str 
     >>> warning("cheetah_dir", 1), warning("nav2d", 2)
     (None, None)
     """
-    if platform != "cpu" or device_count < 2 or not needs_serial_lapack(cfg):
+    if _linalg_size_on_cpu_devices(cfg, platform, device_count) is None:
         return None
     return (
         f"{device_count} XLA:CPU devices on {cfg.data.env}: jaxlib 0.10's batched LAPACK calls "

@@ -70,7 +70,9 @@ class Runner:
         check_shot_counts(
             self.exp.tasks.sample, self.exp.tasks.splits, cfg.trainer.shots, cfg.eval.shots
         )
-        lapack_error = lapack_batch_error(cfg, self.exp.task_batching, jax.device_count())
+        lapack_error = lapack_batch_error(
+            cfg, self.exp.task_batching, jax.devices()[0].platform, jax.device_count()
+        )
         if lapack_error:
             raise ValueError(lapack_error)
         self.checkpoints = CheckpointStore(

@@ -35,8 +35,14 @@ class OneLineParser(argparse.ArgumentParser):
         return " ".join(self.format_usage().split()).removeprefix("usage: ")
 
     def error(self, message: str) -> NoReturn:
-        print(f"error: {message}; usage: {self.one_line_usage()}", file=sys.stderr)
-        sys.exit(2)
+        usage_error(message, self.one_line_usage())
+
+
+def usage_error(message: str, usage: str) -> NoReturn:
+    """A command line its parser refused: one ``error:`` line with the usage, exit status 2
+    (:class:`OneLineParser`, and ``metalearn.train`` for the flags Hydra's parser refuses)."""
+    print(f"error: {message}; usage: {usage}", file=sys.stderr)
+    sys.exit(2)
 
 
 def exit_status(work: Callable[[], object]) -> int:
