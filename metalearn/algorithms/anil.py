@@ -32,6 +32,9 @@ class ANILConfig:
     first_order: bool = False
     remat: bool = False
 
+    def __post_init__(self) -> None:  # a bad value is refused when the config is made
+        check_inner_loop_settings(self.inner_lr, self.inner_steps)
+
 
 @ALGORITHMS.register("anil", ANILConfig)
 def anil(objective: Objective, config: ANILConfig | None = None, **overrides) -> MetaLearner:
@@ -62,7 +65,6 @@ def anil(objective: Objective, config: ANILConfig | None = None, **overrides) ->
     (['head', 'hidden_0', 'hidden_1'], (3,))
     """
     c = with_config(ANILConfig, config, overrides)
-    check_inner_loop_settings(c.inner_lr, c.inner_steps)
     head_names = tuple(objective.model.head)
     if not head_names:
         raise ValueError(

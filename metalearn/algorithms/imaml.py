@@ -81,6 +81,14 @@ class IMAMLConfig:
     inner_optimizer: str = "adam"
     curvature: str = "gauss_newton"
 
+    def __post_init__(self) -> None:  # a bad value is refused when the config is made
+        check_inner_loop_settings(self.inner_lr, self.inner_steps)
+        check_positive("lam", self.lam)
+        check_count("cg_iters", self.cg_iters)
+        check_nonnegative("cg_tol", self.cg_tol)
+        check_choice("inner_optimizer", self.inner_optimizer, INNER_OPTIMIZERS)
+        check_choice("curvature", self.curvature, CURVATURES)
+
 
 def _squared_distance(a, b) -> jax.Array:
     squares = jax.tree_util.tree_map(lambda x, y: jnp.sum((x - y) ** 2), a, b)
@@ -121,12 +129,6 @@ def imaml(objective: Objective, config: IMAMLConfig | None = None, **overrides) 
     ((40, 1), (2,))
     """
     c = with_config(IMAMLConfig, config, overrides)
-    check_inner_loop_settings(c.inner_lr, c.inner_steps)
-    check_positive("lam", c.lam)
-    check_count("cg_iters", c.cg_iters)
-    check_nonnegative("cg_tol", c.cg_tol)
-    check_choice("inner_optimizer", c.inner_optimizer, INNER_OPTIMIZERS)
-    check_choice("curvature", c.curvature, CURVATURES)
     if c.curvature == "gauss_newton" and objective.gauss_newton is None:
         raise ValueError(
             "algorithm.curvature=gauss_newton needs a loss of the form output_loss(predict(...))"

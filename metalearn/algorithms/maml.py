@@ -31,11 +31,21 @@ class MAMLConfig:
     unroll: int | None = None  # None: core.adapt's default; k: a lax.scan, k steps per iteration
     adapt_norm: bool = True  # False: normalisation parameters are meta-learned, not adapted
 
+    def __post_init__(self) -> None:  # a bad value is refused when the config is made
+        check_inner_loop_settings(self.inner_lr, self.inner_steps)
+        if self.unroll is not None:
+            check_count("unroll", self.unroll)
+
 
 @dataclasses.dataclass
 class FOMAMLConfig(MAMLConfig):
     name: str = "fomaml"
     first_order: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.first_order:
+            raise ValueError("algorithm=fomaml is first order; use algorithm=maml for second order")
 
 
 @ALGORITHMS.register("maml", MAMLConfig)
@@ -66,9 +76,6 @@ def maml(objective: Objective, config: MAMLConfig | None = None, **overrides) ->
     (['mse'], (3,))
     """
     c = with_config(MAMLConfig, config, overrides)
-    check_inner_loop_settings(c.inner_lr, c.inner_steps)
-    if c.unroll is not None:
-        check_count("unroll", c.unroll)
     norm_paths = declared_norm_paths(objective)
 
     def rates(params):
@@ -120,6 +127,4 @@ def fomaml(objective: Objective, config: FOMAMLConfig | None = None, **overrides
     Array([-1.25, -1.25], dtype=float32)
     """
     c = with_config(FOMAMLConfig, config, overrides)
-    if not c.first_order:
-        raise ValueError("algorithm=fomaml is first order; use algorithm=maml for second order")
     return maml(objective, MAMLConfig(**{**dataclasses.asdict(c), "name": "maml"}))

@@ -66,6 +66,11 @@ class MAMLPPConfig:
     first_order_fraction: float = 0.3
     per_step_norm: bool = True
 
+    def __post_init__(self) -> None:  # a bad value is refused when the config is made
+        check_inner_loop_settings(self.inner_lr, self.inner_steps)
+        check_fraction("msl_fraction", self.msl_fraction)
+        check_fraction("first_order_fraction", self.first_order_fraction)
+
 
 def multi_step_loss_weights(progress: jax.Array, num_steps: int, msl_fraction: float) -> jax.Array:
     """Per-step weights ``[num_steps]`` of the multi-step loss at training ``progress``.
@@ -127,9 +132,6 @@ def mamlpp(objective: Objective, config: MAMLPPConfig | None = None, **overrides
     """
     c = with_config(MAMLPPConfig, config, overrides)
     num_steps = c.inner_steps
-    check_inner_loop_settings(c.inner_lr, num_steps)
-    check_fraction("msl_fraction", c.msl_fraction)
-    check_fraction("first_order_fraction", c.first_order_fraction)
     declared_norms = declared_norm_paths(objective)
 
     def norm_names(params) -> list[str]:

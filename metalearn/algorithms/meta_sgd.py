@@ -37,6 +37,9 @@ class MetaSGDConfig:
     first_order: bool = False
     adapt_norm: bool = True  # False: normalisation parameters are meta-learned, not adapted
 
+    def __post_init__(self) -> None:  # a bad value is refused when the config is made
+        check_inner_loop_settings(self.inner_lr, self.inner_steps)
+
 
 @ALGORITHMS.register("meta_sgd", MetaSGDConfig)
 def meta_sgd(objective: Objective, config: MetaSGDConfig | None = None, **overrides) -> MetaLearner:
@@ -66,7 +69,6 @@ def meta_sgd(objective: Objective, config: MetaSGDConfig | None = None, **overri
     ((40, 1), ['mse'])
     """
     c = with_config(MetaSGDConfig, config, overrides)
-    check_inner_loop_settings(c.inner_lr, c.inner_steps)
 
     def init(key, model_params):
         del key

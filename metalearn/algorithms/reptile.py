@@ -46,6 +46,13 @@ class ReptileConfig:
     inner_optimizer: str = "sgd"
     adam_b1: float = 0.0
 
+    def __post_init__(self) -> None:  # a bad value is refused when the config is made
+        check_inner_loop_settings(self.inner_lr, self.inner_steps)
+        check_choice("inner_optimizer", self.inner_optimizer, INNER_OPTIMIZERS)
+        check_fraction("adam_b1", self.adam_b1)
+        if self.adam_b1 == 1:
+            raise ValueError(f"algorithm.adam_b1 must be < 1, got {self.adam_b1}")
+
 
 @ALGORITHMS.register("reptile", ReptileConfig)
 def reptile(objective: Objective, config: ReptileConfig | None = None, **overrides) -> MetaLearner:
@@ -76,11 +83,6 @@ def reptile(objective: Objective, config: ReptileConfig | None = None, **overrid
     True
     """
     c = with_config(ReptileConfig, config, overrides)
-    check_inner_loop_settings(c.inner_lr, c.inner_steps)
-    check_choice("inner_optimizer", c.inner_optimizer, INNER_OPTIMIZERS)
-    check_fraction("adam_b1", c.adam_b1)
-    if c.adam_b1 == 1:
-        raise ValueError(f"algorithm.adam_b1 must be < 1, got {c.adam_b1}")
 
     def inner_kwargs():
         if c.inner_optimizer == "adam":

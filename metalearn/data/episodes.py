@@ -178,9 +178,14 @@ def sample_variable_episode(
 
 
 def check_episode_settings(
-    ways: int, num_queries: int, ways_range: tuple[int, int] | None = None
+    ways: int,
+    num_queries: int,
+    ways_range: tuple[int, int] | None = None,
+    shots_range: tuple[int, int] | None = None,
+    train_ways: int | None = None,
 ) -> None:
-    """Raise ValueError naming the ``data.*`` key for invalid episode settings.
+    """Raise ValueError naming the ``data.*`` key for invalid episode settings (those that need
+    no data; :class:`~metalearn.data.image_families.ImageEpisodesConfig` checks itself with it).
 
     >>> check_episode_settings(ways=1, num_queries=15)
     Traceback (most recent call last):
@@ -199,6 +204,17 @@ def check_episode_settings(
         raise ValueError(
             f"data.ways_range must be [lo, hi] with 2 <= lo <= hi, got {list(ways_range)}"
         )
+    if shots_range is not None and not _is_range(shots_range, 1):
+        raise ValueError(
+            f"data.shots_range must be [lo, hi] with 1 <= lo <= hi, got {list(shots_range)}"
+        )
+    if train_ways is not None:
+        if ways_range is not None:
+            raise ValueError(
+                "data.train_ways and data.ways_range cannot both be set: train_ways fixes the "
+                "ways of training episodes; drop one of them"
+            )
+        check_episode_settings(train_ways, num_queries)
 
 
 def _is_range(value, low: int) -> bool:
@@ -281,21 +297,11 @@ def episode_distribution(
     >>> tasks.num_outputs, tasks.ways, train.support[0].shape[0]
     (8, 5, 8)
     """
-    check_episode_settings(ways, num_queries, ways_range)
-    if shots_range is not None and not _is_range(shots_range, 1):
-        raise ValueError(
-            f"data.shots_range must be [lo, hi] with 1 <= lo <= hi, got {list(shots_range)}"
-        )
+    check_episode_settings(ways, num_queries, ways_range, shots_range, train_ways)
     missing = {"train", "val", "test"} - set(split_images)
     if missing:
         raise ValueError(f"{dataset}: no arrays for split(s) {sorted(missing)}")
-    if train_ways is not None and ways_range is not None:
-        raise ValueError(
-            "data.train_ways and data.ways_range cannot both be set: train_ways fixes the ways "
-            "of training episodes; drop one of them"
-        )
     train_ways = ways if train_ways is None else train_ways
-    check_episode_settings(train_ways, num_queries)
     splits = {name: as_class_split(a, dataset, name) for name, a in split_images.items()}
     max_ways = ways if ways_range is None else ways_range[1]
     for name, split in splits.items():

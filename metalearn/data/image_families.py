@@ -31,6 +31,11 @@ class ImageEpisodesConfig:
     data_dir: str | None = None  # TFDS data dir; None: $TFDS_DATA_DIR or ~/tensorflow_datasets
     manual_dir: str | None = None  # the downloaded sources (see the dataset's module)
 
+    def __post_init__(self) -> None:  # a bad value is refused when the config is made
+        check_episode_settings(
+            self.ways, self.num_queries, self.ways_range, self.shots_range, self.train_ways
+        )
+
 
 def image_episodes(
     config: ImageEpisodesConfig,
@@ -41,10 +46,10 @@ def image_episodes(
     yet prepared), read its splits, apply ``transform`` to each and sample episodes from them.
 
     ``builder`` is a function returning the builder class, so the dataset module imports its
-    TFDS builder (and TensorFlow Datasets) only here, after the settings were checked.
+    TFDS builder (and TensorFlow Datasets) only here, after the settings were checked (by the
+    config, when it was made).
     """
     c = config
-    check_episode_settings(c.ways, c.num_queries)
     from metalearn.data.fewshot_builder import load_split_arrays  # imports TensorFlow Datasets
 
     arrays = load_split_arrays(builder(), data_dir=c.data_dir, manual_dir=c.manual_dir)

@@ -25,6 +25,10 @@ class OmniglotConfig(ImageEpisodesConfig):
     name: str = "omniglot"
     rotations: tuple[int, ...] = ANGLES
 
+    def __post_init__(self) -> None:  # a bad value is refused when the config is made
+        super().__post_init__()
+        check_rotations(self.rotations)
+
 
 def check_rotations(rotations) -> tuple[int, ...]:
     """``rotations`` as a tuple of distinct angles out of 0, 90, 180, 270, or ValueError.
@@ -62,7 +66,7 @@ def omniglot(config: OmniglotConfig | None = None, **overrides) -> TaskFamily:
         task = tasks.sample(tasks.splits["train"], jax.random.key(0), 1)  # 5 support, 75 query
     """
     c = with_config(OmniglotConfig, config, overrides)
-    rotations = check_rotations(c.rotations)
+    rotations = tuple(int(r) for r in c.rotations)  # checked by OmniglotConfig
     return image_episodes(
         c, _builder, lambda split: split.map_images(lambda images: 255 - images).rotated(rotations)
     )

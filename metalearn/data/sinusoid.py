@@ -26,6 +26,15 @@ class SinusoidConfig:
     # its tasks (cbfinn/maml: 2K points, the first K the support, in training and at test)
     num_queries: int = 10
 
+    def __post_init__(self) -> None:  # a bad value is refused when the config is made
+        for name in ("amplitude_range", "phase_range", "input_range"):
+            _check_range(name, tuple(getattr(self, name)))
+        if self.num_queries < 0:
+            raise ValueError(
+                "data.num_queries must be >= 1, or 0 for as many as the shots; got "
+                f"{self.num_queries}"
+            )
+
 
 def sample_sinusoid_task(
     key: jax.Array,
@@ -66,12 +75,6 @@ def sinusoid(config: SinusoidConfig | None = None) -> TaskFamily:
     (5, 1)
     """
     c = config or SinusoidConfig()
-    for name in ("amplitude_range", "phase_range", "input_range"):
-        _check_range(name, tuple(getattr(c, name)))
-    if c.num_queries < 0:
-        raise ValueError(
-            f"data.num_queries must be >= 1, or 0 for as many as the shots; got {c.num_queries}"
-        )
     ranges = dict(
         amplitude_range=tuple(c.amplitude_range),
         phase_range=tuple(c.phase_range),

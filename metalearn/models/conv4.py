@@ -52,14 +52,19 @@ READOUTS = ("flatten", "mean")
 CONVS = ("auto", "xla", "im2col")
 
 
+def check_conv(conv: str) -> None:
+    """ValueError unless ``conv`` is one of :data:`CONVS` (without asking JAX for a backend)."""
+    if conv not in CONVS:
+        raise ValueError(f"model.conv must be one of {CONVS}, got {conv!r}")
+
+
 def resolve_conv(conv: str) -> str:
     """``"xla"`` or ``"im2col"``: ``"auto"`` is ``im2col`` on CPU, ``xla`` elsewhere.
 
     >>> resolve_conv("xla")
     'xla'
     """
-    if conv not in CONVS:
-        raise ValueError(f"model.conv must be one of {CONVS}, got {conv!r}")
+    check_conv(conv)
     if conv != "auto":
         return conv
     return "im2col" if jax.default_backend() == "cpu" else "xla"
@@ -111,6 +116,17 @@ class Conv4Config:
     readout: str = "mean"  # mean (Omniglot in Finn et al.'s code) | flatten (miniImageNet)
     conv: str = "auto"  # auto (im2col on CPU, xla elsewhere) | xla | im2col
     norm_scale: bool = True  # False: batch norm offsets only, as in Finn et al.'s code
+
+    def __post_init__(self) -> None:  # a bad value is refused when the config is made
+        if self.downsample not in DOWNSAMPLING:
+            raise ValueError(
+                f"model.downsample must be one of {DOWNSAMPLING}, got {self.downsample!r}"
+            )
+        if self.readout not in READOUTS:
+            raise ValueError(f"model.readout must be one of {READOUTS}, got {self.readout!r}")
+        if int(self.filters) < 1:
+            raise ValueError(f"model.filters must be >= 1, got {self.filters}")
+        check_conv(self.conv)
 
 
 class Conv4(nn.Module):
@@ -182,13 +198,6 @@ def conv4(num_outputs: int, config: Conv4Config | None = None) -> Conv4:
     ['bias']
     """
     c = config or Conv4Config()
-    if c.downsample not in DOWNSAMPLING:
-        raise ValueError(f"model.downsample must be one of {DOWNSAMPLING}, got {c.downsample!r}")
-    if c.readout not in READOUTS:
-        raise ValueError(f"model.readout must be one of {READOUTS}, got {c.readout!r}")
-    if int(c.filters) < 1:
-        raise ValueError(f"model.filters must be >= 1, got {c.filters}")
-    resolve_conv(c.conv)  # validates
     return Conv4(
         int(num_outputs), int(c.filters), c.downsample, c.readout, c.conv, bool(c.norm_scale)
     )

@@ -42,6 +42,22 @@ class MLPConfig:
     kernel_init: str = "lecun_normal"
     kernel_std: float = 0.01
 
+    def __post_init__(self) -> None:  # a bad value is refused when the config is made
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"model.activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}"
+            )
+        if not self.hidden_sizes or any(int(w) < 1 for w in self.hidden_sizes):
+            raise ValueError(
+                f"model.hidden_sizes must be positive widths, got {list(self.hidden_sizes)}"
+            )
+        if self.kernel_init not in KERNEL_INITS:
+            raise ValueError(
+                f"model.kernel_init must be one of {list(KERNEL_INITS)}, got {self.kernel_init!r}"
+            )
+        if not self.kernel_std > 0:
+            raise ValueError(f"model.kernel_std must be > 0, got {self.kernel_std}")
+
 
 class MLP(nn.Module):
     """Dense layers with an activation between them; the last layer is named ``head``.
@@ -82,17 +98,5 @@ def mlp(num_outputs: int, config: MLPConfig | None = None) -> MLP:
     'truncated_normal'
     """
     c = config or MLPConfig()
-    if c.activation not in ACTIVATIONS:
-        raise ValueError(
-            f"model.activation must be one of {sorted(ACTIVATIONS)}, got {c.activation!r}"
-        )
-    if not c.hidden_sizes or any(int(w) < 1 for w in c.hidden_sizes):
-        raise ValueError(f"model.hidden_sizes must be positive widths, got {list(c.hidden_sizes)}")
-    if c.kernel_init not in KERNEL_INITS:
-        raise ValueError(
-            f"model.kernel_init must be one of {list(KERNEL_INITS)}, got {c.kernel_init!r}"
-        )
-    if not c.kernel_std > 0:
-        raise ValueError(f"model.kernel_std must be > 0, got {c.kernel_std}")
     widths = tuple(int(w) for w in c.hidden_sizes)
     return MLP(widths, num_outputs, c.activation, c.kernel_init, float(c.kernel_std))

@@ -63,7 +63,7 @@ import jax
 import jax.numpy as jnp
 
 from metalearn.models.base import ModelParts, batch_moments
-from metalearn.models.conv4 import READOUTS, resolve_conv
+from metalearn.models.conv4 import READOUTS, check_conv, resolve_conv
 from metalearn.models.dropblock import drop_block
 from metalearn.models.patch_conv import PatchConv
 from metalearn.registry import MODELS
@@ -140,6 +140,22 @@ class ResNet12Config:
     dropblock_ramp: int = 0  # > 0: DropBlock rate ramps linearly over this many training calls
     conv: str = "auto"  # auto (im2col on CPU, xla elsewhere) | xla | im2col
     eval_running_stats: bool = True  # evaluation mode: running statistics (False: the batch's)
+
+    def __post_init__(self) -> None:  # a bad value is refused when the config is made
+        filters = tuple(int(f) for f in self.filters)
+        if len(filters) != len(BLOCKS) or min(filters) < 1:
+            raise ValueError(f"model.filters must be {len(BLOCKS)} positive widths, got {filters}")
+        if self.readout not in READOUTS:
+            raise ValueError(f"model.readout must be one of {READOUTS}, got {self.readout!r}")
+        if not 0.0 <= self.drop_rate < 1.0:
+            raise ValueError(f"model.drop_rate must be in [0, 1), got {self.drop_rate}")
+        if int(self.dropblock_size) < 1:
+            raise ValueError(f"model.dropblock_size must be >= 1, got {self.dropblock_size}")
+        if int(self.dropblock_ramp) < 0:
+            raise ValueError(
+                f"model.dropblock_ramp must be >= 0 (0: constant), got {self.dropblock_ramp}"
+            )
+        check_conv(self.conv)
 
 
 class ResNet12(nn.Module):
@@ -233,17 +249,6 @@ def resnet12(num_outputs: int, config: ResNet12Config | None = None) -> ResNet12
     """
     c = config or ResNet12Config()
     filters = tuple(int(f) for f in c.filters)
-    if len(filters) != len(BLOCKS) or min(filters) < 1:
-        raise ValueError(f"model.filters must be {len(BLOCKS)} positive widths, got {filters}")
-    if c.readout not in READOUTS:
-        raise ValueError(f"model.readout must be one of {READOUTS}, got {c.readout!r}")
-    if not 0.0 <= c.drop_rate < 1.0:
-        raise ValueError(f"model.drop_rate must be in [0, 1), got {c.drop_rate}")
-    if int(c.dropblock_size) < 1:
-        raise ValueError(f"model.dropblock_size must be >= 1, got {c.dropblock_size}")
-    if int(c.dropblock_ramp) < 0:
-        raise ValueError(f"model.dropblock_ramp must be >= 0 (0: constant), got {c.dropblock_ramp}")
-    resolve_conv(c.conv)  # validates
     return ResNet12(
         int(num_outputs),
         filters,

@@ -13,6 +13,7 @@ TRPO on the task distribution with no inner step (evaluated with 0-3 steps all t
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +41,8 @@ from metalearn.rl.maml_rl import (
 from metalearn.rl.ppo import PPOConfig
 from metalearn.rl.rollout import episode_returns
 from metalearn.rl.trpo import TRPOConfig
+
+log = logging.getLogger("metalearn")
 
 OUTER_STEPS = ("trpo", "ppo")
 # The settings each outer step reads (PPO's step size is optimizer.lr).
@@ -72,9 +75,26 @@ class MAMLRLAlgorithmConfig:
     eval_lrs: tuple[float, ...] = (0.1, 0.05, 0.05)
     eval_rollouts: int = 40  # episodes per task and step count in evaluation
 
+    def __post_init__(self) -> None:  # a bad value is refused when the config is made
+        check_config(self)
+
+
+def _default(key: str):
+    """The default of :class:`MAMLRLAlgorithmConfig`'s field ``key``, read from the class (a
+    default instance would check itself, recursively)."""
+    field = next(f for f in dataclasses.fields(MAMLRLAlgorithmConfig) if f.name == key)
+    return field.default_factory() if field.default is dataclasses.MISSING else field.default
+
 
 def check_config(c: MAMLRLAlgorithmConfig) -> None:
-    """ValueError naming the first bad key (as ``algorithm.<key>``)."""
+    """ValueError naming the first bad key (as ``algorithm.<key>``); the config's
+    ``__post_init__`` calls it.
+
+    >>> MAMLRLAlgorithmConfig(max_kl=-1.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: algorithm.max_kl must be > 0, got -1.0
+    """
     check_choice("estimator", c.estimator, ESTIMATORS)
     check_choice("outer", c.outer, OUTER_STEPS)
     check_count("inner_steps", c.inner_steps, minimum=0)
@@ -89,16 +109,41 @@ def check_config(c: MAMLRLAlgorithmConfig) -> None:
     check_positive("ppo_clip", c.ppo_clip)
     if not c.eval_lrs or min(c.eval_lrs) <= 0:
         raise ValueError(f"algorithm.eval_lrs must be positive rates, got {list(c.eval_lrs)}")
-    defaults = MAMLRLAlgorithmConfig()
     for outer, keys in OUTER_STEP_KEYS.items():  # a setting the chosen outer step never reads
-        changed = [k for k in keys if getattr(c, k) != getattr(defaults, k)]
+        changed = [k for k in keys if getattr(c, k) != _default(k)]
         if outer != c.outer and changed:
             key = changed[0]
             raise ValueError(
                 f"algorithm.{key}={getattr(c, key)} is used by algorithm.outer={outer} only, and "
                 f"algorithm.outer={c.outer}: set algorithm.outer={outer}, or leave {key} at "
-                f"{getattr(defaults, key)}"
+                f"{_default(key)}"
             )
+
+
+# What algorithm.inner_steps=0 (the pretrained baseline) leaves unread: training takes no inner
+# step, and evaluation's inner steps are plain policy-gradient steps at algorithm.eval_lrs.
+UNUSED_WITHOUT_INNER_STEPS = ("inner_lr", "estimator")
+
+
+def warn_unused_without_inner_steps(c: MAMLRLAlgorithmConfig) -> None:
+    """Log a warning if ``inner_steps=0`` and a setting only the inner step reads is changed.
+
+    Not for a traced (or array) ``inner_lr``: the runner rebuilds the learner with its rate as
+    an argument of the compiled step, and the config it was built from has warned already.
+    """
+    if c.inner_steps != 0 or isinstance(c.inner_lr, jax.Array):
+        return
+    changed = [k for k in UNUSED_WITHOUT_INNER_STEPS if getattr(c, k) != _default(k)]
+    if changed:
+        settings = " and ".join(f"algorithm.{k}={getattr(c, k)}" for k in changed)
+        log.warning(
+            "%s %s unused with algorithm.inner_steps=0 (the pretrained baseline): training takes "
+            "no inner step, and evaluation's inner steps are plain policy-gradient steps at "
+            "algorithm.eval_lrs=%s, whatever the estimator",
+            settings,
+            "is" if len(changed) == 1 else "are",
+            list(c.eval_lrs),
+        )
 
 
 def meta_rl_config(c: MAMLRLAlgorithmConfig, inner: InnerConfig) -> MAMLRLConfig:
@@ -149,6 +194,9 @@ def maml_rl(
 ) -> MetaLearner:
     """MAML-RL (Finn et al. 2017) on an RL task family's :class:`RLObjective`.
 
+    With ``inner_steps=0`` (the pretrained baseline) an ``inner_lr`` or ``estimator`` changed
+    from its default is logged as unused (:func:`warn_unused_without_inner_steps`).
+
     >>> from metalearn.models.base import model_from_flax
     >>> from metalearn.rl.family import RLTasksConfig, rl_env
     >>> from metalearn.rl.policy_model import GaussianMLP
@@ -162,12 +210,12 @@ def maml_rl(
     (3,)
     """
     c = with_config(MAMLRLAlgorithmConfig, config, overrides)
-    check_config(c)
     if not isinstance(objective, RLObjective):
         raise ValueError(
             "algorithm=maml_rl needs a reinforcement-learning task family (data=nav2d, or "
             "data=rl_env with data.env=NAME); this data has no environment"
         )
+    warn_unused_without_inner_steps(c)
     env, policy_apply = objective.env, objective.policy_apply
     cfg = meta_rl_config(c, objective.inner)
 

@@ -47,6 +47,19 @@ class RLTasksConfig:
     discount: float = InnerConfig.discount
     horizon: int = 0
 
+    def __post_init__(self) -> None:  # a bad value is refused when the config is made
+        if self.env not in ENVS:
+            raise ValueError(f"data.env must be one of {sorted(ENVS)}, got {self.env!r}")
+        if isinstance(self.rollouts, bool) or self.rollouts < 1:
+            raise ValueError(f"data.rollouts must be an integer >= 1, got {self.rollouts!r}")
+        if not 0.0 < self.discount <= 1.0:
+            raise ValueError(f"data.discount must be in (0, 1], got {self.discount!r}")
+        horizon = self.horizon
+        if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
+            raise ValueError(
+                f"data.horizon must be an integer >= 0 (0: the env's own), got {horizon!r}"
+            )
+
 
 class RLObjective(NamedTuple):
     """An :class:`~metalearn.data.task.Objective` (the same fields first, so the runner and
@@ -114,16 +127,6 @@ def rl_env(config: RLTasksConfig | None = None) -> TaskFamily:
     ((2,), (2,), 2)
     """
     c = config or RLTasksConfig()
-    if c.env not in ENVS:
-        raise ValueError(f"data.env must be one of {sorted(ENVS)}, got {c.env!r}")
-    if isinstance(c.rollouts, bool) or c.rollouts < 1:
-        raise ValueError(f"data.rollouts must be an integer >= 1, got {c.rollouts!r}")
-    if not 0.0 < c.discount <= 1.0:
-        raise ValueError(f"data.discount must be in (0, 1], got {c.discount!r}")
-    if isinstance(c.horizon, bool) or not isinstance(c.horizon, int) or c.horizon < 0:
-        raise ValueError(
-            f"data.horizon must be an integer >= 0 (0: the env's own), got {c.horizon!r}"
-        )
     env = make_env(c.env)
     if c.horizon:
         env = env._replace(horizon=c.horizon)

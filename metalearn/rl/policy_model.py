@@ -64,6 +64,20 @@ class GaussianMLPConfig:
     # values start the mean actions near 0 instead of beyond a control range.
     head_init_scale: float = 1.0
 
+    def __post_init__(self) -> None:  # a bad value is refused when the config is made
+        if not self.hidden_sizes or min(self.hidden_sizes) < 1:
+            raise ValueError(f"model.hidden_sizes must be positive widths, got {self.hidden_sizes}")
+        if not 0 < self.head_init_scale <= FLOAT32_SCALE:  # beyond, squared actions overflow
+            raise ValueError(
+                f"model.head_init_scale must be in (0, {FLOAT32_SCALE:g}], got "
+                f"{self.head_init_scale}"
+            )
+        if not 1 / FLOAT32_SCALE <= self.init_std <= FLOAT32_SCALE:  # std**2: not 0 or inf
+            raise ValueError(
+                f"model.init_std must be in [{1 / FLOAT32_SCALE:g}, {FLOAT32_SCALE:g}], got "
+                f"{self.init_std}"
+            )
+
 
 @MODELS.register("gaussian_mlp", GaussianMLPConfig, parts=ModelParts(head="head"))
 def gaussian_mlp(num_outputs: int, config: GaussianMLPConfig | None = None) -> GaussianMLP:
@@ -73,15 +87,4 @@ def gaussian_mlp(num_outputs: int, config: GaussianMLPConfig | None = None) -> G
     (100, 100)
     """
     c = config or GaussianMLPConfig()
-    if not c.hidden_sizes or min(c.hidden_sizes) < 1:
-        raise ValueError(f"model.hidden_sizes must be positive widths, got {c.hidden_sizes}")
-    if not 0 < c.head_init_scale <= FLOAT32_SCALE:  # beyond, squared actions overflow float32
-        raise ValueError(
-            f"model.head_init_scale must be in (0, {FLOAT32_SCALE:g}], got {c.head_init_scale}"
-        )
-    if not 1 / FLOAT32_SCALE <= c.init_std <= FLOAT32_SCALE:  # std**2 in float32: not 0 or inf
-        raise ValueError(
-            f"model.init_std must be in [{1 / FLOAT32_SCALE:g}, {FLOAT32_SCALE:g}], got "
-            f"{c.init_std}"
-        )
     return GaussianMLP(tuple(c.hidden_sizes), num_outputs, c.init_std, c.head_init_scale)

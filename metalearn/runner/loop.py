@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from metalearn.config import Config
 from metalearn.runner.checkpoints import DAMAGED, CheckpointStore
@@ -29,11 +30,13 @@ from metalearn.runner.experiment import (
     count_parameters,
     lapack_batch_error,
     lapack_device_warning,
+    outer_step_settings,
 )
 from metalearn.runner.reporting import MetricsWriter, Progress, timed_rate
 from metalearn.runner.rundir import check_rerun, record_config, resume_hint, saved_steps
 from metalearn.runner.signals import Interrupted, StopRequest
 from metalearn.runner.steps import (
+    all_equal,
     all_finite,
     batch_update_strategy,
     make_eval_step,
@@ -228,8 +231,8 @@ def train_and_evaluate(cfg: Config, workdir: str) -> dict:
 
 def prepare_run_directory(cfg: Config, workdir: str) -> None:
     """Refuse a config that must not run in ``workdir`` (RunDirectoryError), then record it."""
-    os.makedirs(workdir, exist_ok=True)
     changed = check_rerun(cfg, workdir)
+    os.makedirs(workdir, exist_ok=True)
     if changed:
         log.warning(
             "resuming with changed settings (allowed by trainer.allow_changes): %s",
@@ -252,6 +255,22 @@ def _restore(runner: Runner):
             unlogged = [(int(metadata[UNLOGGED]["steps"]), dict(metadata[UNLOGGED]["mean"]))]
         log.info("resumed from step %d (%s)", int(state.step), runner.checkpoints.directory)
     return state, best_score, unlogged
+
+
+def unchanged_warning(outer_settings: str | None, start_step: int, step: int) -> str:
+    """What to say when ``step - start_step`` meta-steps left the meta-parameters as they were
+    (``outer_settings``: what sets the outer step, when not ``optimizer.lr``).
+
+    >>> unchanged_warning(None, 0, 3).split(":")[0]
+    'the meta-parameters after step 3 are exactly those of step 0 (the initialisation)'
+    """
+    start = "step 0 (the initialisation)" if start_step == 0 else f"step {start_step}"
+    return (
+        f"the meta-parameters after step {step} are exactly those of {start}: "
+        f"{step - start_step} meta-steps changed nothing, and the evaluation tests them "
+        f"unchanged; check {outer_settings or 'optimizer.lr'}, and the training metrics in "
+        "metrics.jsonl (a TRPO step whose line search accepts nothing logs accepted 0)"
+    )
 
 
 def _batching_description(runner: Runner) -> str:
@@ -283,6 +302,8 @@ def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
     warning = lapack_device_warning(cfg, jax.devices()[0].platform, jax.device_count())
     if warning:
         log.warning(warning)
+    # A copy on the device: the first training call donates the state's buffers.
+    start_params = jax.tree_util.tree_map(jnp.copy, state.meta_params)
     writer = MetricsWriter(runner.workdir, resume_step=step, enabled=is_primary_host())
     progress = Progress(t.meta_steps, step, t.progress_bar)
     start_time, in_flight = time.perf_counter(), InFlight()
@@ -314,6 +335,10 @@ def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
                 return {"interrupted": True, "step": step, "signal": stop.signum}
         train_seconds = time.perf_counter() - start_time
         untimed = runner.compile_seconds + runner.pause_seconds
+        unchanged = step > start_step and bool(all_equal(start_params, state.meta_params))
+        if unchanged:
+            log.warning(unchanged_warning(outer_step_settings(cfg.algorithm), start_step, step))
+        del start_params
         stop.phase = "the final validation"
         best_score = _validate(runner, writer, state, best_score)
         stop.phase = "the final test evaluation"
@@ -335,6 +360,8 @@ def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
         "task_batching": runner.exp.task_batching,
         "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
         "best_val_score": _json_float(best_score),
+        # false when this process's meta-steps left the meta-parameters exactly as they were
+        "meta_params_changed": None if step == start_step else not unchanged,
         "eval": records,
         # data loading or preparation, compilation, training and evaluation, all together
         "wall_seconds": time.perf_counter() - started,

@@ -176,8 +176,52 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any
     return {k: (old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)}
 
 
+STORES = ("checkpoints", "best")  # a run's checkpoint stores, under its directory
+
+
+def enclosing_store(workdir: str) -> str | None:
+    """The checkpoint store (``checkpoints/`` or ``best/``) of another run that ``workdir`` is
+    or lies inside, or None. That run would take ``workdir`` for a damaged checkpoint of its own
+    and move it away.
+
+    >>> import tempfile
+    >>> root = tempfile.mkdtemp()
+    >>> os.makedirs(os.path.join(root, "checkpoints"))
+    >>> open(os.path.join(root, "checkpoints", RECORD), "w").close()
+    >>> store = os.path.join(root, "checkpoints")
+    >>> enclosing_store(os.path.join(store, "30")) == store
+    True
+    >>> enclosing_store(os.path.join(root, "run2")) is None
+    True
+    """
+    path = os.path.abspath(workdir)
+    while True:
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        if os.path.basename(path) in STORES and os.path.isfile(
+            os.path.join(parent, "checkpoints", RECORD)
+        ):
+            return path
+        path = parent
+
+
+def check_outside_stores(directory: str, key: str = "hydra.run.dir") -> None:
+    """Raise RunDirectoryError if ``directory`` (set by ``key``) is or lies inside another
+    run's checkpoint store (:func:`enclosing_store`)."""
+    store = enclosing_store(directory)
+    if store is not None:
+        raise RunDirectoryError(
+            f"{key}={directory} lies inside {store}, a checkpoint store of the run in "
+            f"{os.path.dirname(store)}: that run would take this one for a damaged checkpoint "
+            f"and move it away. Nothing was written. Choose a {key} outside its "
+            f"{'/ and '.join(STORES)}/"
+        )
+
+
 def check_rerun(cfg: Config, workdir: str) -> dict[str, tuple[Any, Any]]:
     """Raise RunDirectoryError if ``cfg`` must not run in ``workdir``; return allowed changes."""
+    check_outside_stores(workdir)
     steps = saved_steps(workdir)
     evaluated = os.path.exists(os.path.join(workdir, "eval.json"))
     metrics = os.path.join(workdir, "metrics.jsonl")
@@ -300,6 +344,17 @@ def restore_hydra_files(workdir: str) -> None:
         shutil.copytree(saved, os.path.join(workdir, ".hydra"), dirs_exist_ok=True)
 
 
+class RefuseInsideStores(Callback):
+    """Hydra callback (the first): refuse a run or sweep directory inside another run's
+    checkpoint store before anything creates it."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _exit_on_refusal(check_outside_stores, str(config.hydra.sweep.dir), "hydra.sweep.dir")
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _exit_on_refusal(check_outside_stores, str(config.hydra.run.dir))
+
+
 class GuardRunDirectory(Callback):
     """Hydra callback: refuse a conflicting rerun before Hydra writes into the run directory.
 
@@ -315,8 +370,13 @@ class GuardRunDirectory(Callback):
             cfg = to_objects(OmegaConf.masked_copy(config, job_keys))
         except Exception:  # an invalid config: the task reports it in its own words
             return
-        try:
-            check_rerun(cfg, workdir)
-        except RunDirectoryError as err:
-            print(f"error: {err}", file=sys.stderr)
-            sys.exit(2)
+        _exit_on_refusal(check_rerun, cfg, workdir)
+
+
+def _exit_on_refusal(check: Any, *args: Any) -> None:
+    """Run ``check``; a RunDirectoryError ends the process in one ``error:`` line, exit 2."""
+    try:
+        check(*args)
+    except RunDirectoryError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)

@@ -298,3 +298,15 @@ def make_eval_step(
 def all_finite(tree: PyTree) -> jax.Array:
     leaves = jax.tree_util.tree_leaves(tree)
     return jnp.all(jnp.array([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
+@jax.jit
+def all_equal(a: PyTree, b: PyTree) -> jax.Array:
+    """Whether two trees of the same structure hold the same values, leaf for leaf.
+
+    >>> bool(all_equal({"w": jnp.ones(2)}, {"w": jnp.ones(2)})), bool(
+    ...     all_equal({"w": jnp.ones(2)}, {"w": jnp.zeros(2)}))
+    (True, False)
+    """
+    pairs = zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True)
+    return jnp.all(jnp.array([jnp.array_equal(x, y) for x, y in pairs]))

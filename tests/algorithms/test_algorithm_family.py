@@ -69,6 +69,69 @@ def test_bad_values_raise_naming_the_key(name, key, value):
         build(name, **{key: value})
 
 
+# Every value check of an algorithm's settings, made by its config dataclass (__post_init__), so
+# that metalearn.config.to_objects refuses the value: it was checked by the factory only, after
+# the run directory's guard had compared the configs, so a rerun with algorithm.inner_lr=-1 was
+# first told to accept the change with trainer.allow_changes, and refused only after that.
+CONFIG_BAD_VALUES = [
+    ("maml", "inner_lr", -1.0, "algorithm.inner_lr must be > 0, got -1.0"),
+    ("maml", "inner_steps", 0, "algorithm.inner_steps must be an integer >= 1, got 0"),
+    ("maml", "unroll", 0, "algorithm.unroll must be an integer >= 1, got 0"),
+    ("fomaml", "inner_lr", 0.0, "algorithm.inner_lr must be > 0, got 0.0"),
+    ("anil", "inner_steps", -1, "algorithm.inner_steps must be an integer >= 1, got -1"),
+    ("meta_sgd", "inner_lr", -0.01, "algorithm.inner_lr must be > 0, got -0.01"),
+    ("reptile", "inner_lr", -1.0, "algorithm.inner_lr must be > 0, got -1.0"),
+    ("reptile", "inner_optimizer", "lbfgs", "algorithm.inner_optimizer must be one of"),
+    ("reptile", "adam_b1", 1.0, "algorithm.adam_b1 must be < 1, got 1.0"),
+    ("reptile", "adam_b1", -0.5, "algorithm.adam_b1 must be in [0, 1], got -0.5"),
+    ("mamlpp", "inner_steps", 0, "algorithm.inner_steps must be an integer >= 1, got 0"),
+    ("mamlpp", "msl_fraction", 1.5, "algorithm.msl_fraction must be in [0, 1], got 1.5"),
+    ("mamlpp", "first_order_fraction", -0.1, "algorithm.first_order_fraction must be in [0, 1]"),
+    ("imaml", "inner_lr", -1.0, "algorithm.inner_lr must be > 0, got -1.0"),
+    ("imaml", "lam", 0.0, "algorithm.lam must be > 0, got 0.0"),
+    ("imaml", "cg_iters", 0, "algorithm.cg_iters must be an integer >= 1, got 0"),
+    ("imaml", "cg_tol", -1e-3, "algorithm.cg_tol must be >= 0, got -0.001"),
+    ("imaml", "inner_optimizer", "lbfgs", "algorithm.inner_optimizer must be one of"),
+    ("imaml", "curvature", "fisher", "algorithm.curvature must be one of"),
+]
+
+
+@pytest.mark.parametrize("name, key, value, message", CONFIG_BAD_VALUES)
+def test_the_config_refuses_a_bad_value_when_it_is_made(name, key, value, message):
+    config_cls = ALGORITHMS.entry(name).config_cls
+    for make in (
+        lambda: config_cls(**{key: value}),  # as a user, or OmegaConf.to_object, makes it
+        lambda: dataclasses.replace(config_cls(), **{key: value}),  # as with_config does
+    ):
+        with pytest.raises(ValueError) as err:
+            make()
+        assert str(err.value).startswith(message), str(err.value)
+
+
+def test_fomaml_config_refuses_second_order():
+    with pytest.raises(ValueError, match="algorithm=fomaml is first order; use algorithm=maml"):
+        ALGORITHMS.entry("fomaml").config_cls(first_order=False)
+
+
+def test_a_bad_algorithm_value_is_refused_by_to_objects():
+    # What the run directory's guard calls before it compares a rerun's config with the run's.
+    with pytest.raises(ValueError, match=r"^algorithm.inner_lr must be > 0, got -1.0$"):
+        to_objects(compose_config(["+experiment=sinusoid_maml", "algorithm.inner_lr=-1"]))
+
+
+@pytest.mark.parametrize(
+    "name",
+    [n for n in NAMES + RL_NAMES if hasattr(ALGORITHMS.entry(n).config_cls(), "inner_lr")],
+)
+def test_the_config_takes_a_traced_inner_lr(name):
+    # The runner rebuilds the learner with its inner rate traced (Experiment.learner_for), so
+    # that runs differing only in it share one compilation: the config's checks skip it (a
+    # negative traced rate too: it was checked when it was a number).
+    config = ALGORITHMS.entry(name).config_cls()
+    rate = jax.jit(lambda lr: dataclasses.replace(config, inner_lr=lr).inner_lr * 2)(-0.5)
+    assert float(rate) == -1.0
+
+
 # The check: the post-adaptation query loss (after the algorithm's own inner_steps) on 96 held-out
 # tasks, after 300 meta-steps on meta-batches of 8, is below 0.85 x the loss of the untrained
 # model before adapting (sinusoid: a random 1-40-40-1 MLP, MSE ~3.4 on these tasks, about that of

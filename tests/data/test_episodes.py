@@ -228,3 +228,30 @@ def test_train_ways_apply_to_training_episodes_only():
         episode_distribution(
             arrays, ways=5, num_queries=2, dataset="tagged", train_ways=12, ways_range=(2, 5)
         )
+
+
+@pytest.mark.parametrize(
+    "name, kwargs, message",
+    [
+        ("omniglot", dict(ways=1), "data.ways must be >= 2, got 1"),
+        ("miniimagenet", dict(num_queries=0), "data.num_queries must be >= 1, got 0"),
+        ("cifarfs", dict(ways_range=[5, 3]), "data.ways_range must be [lo, hi] with 2 <= lo"),
+        ("fc100", dict(shots_range=[0, 2]), "data.shots_range must be [lo, hi] with 1 <= lo"),
+        (
+            "omniglot",
+            dict(train_ways=10, ways_range=[2, 5]),
+            "data.train_ways and data.ways_range cannot both be set",
+        ),
+        ("omniglot", dict(rotations=(0, 45)), "data.rotations must be distinct angles out of"),
+    ],
+)
+def test_an_episode_config_refuses_a_bad_value_when_it_is_made(name, kwargs, message):
+    # The settings that need no data: metalearn.config.to_objects makes the config, so they are
+    # refused there, before a rerun's config is compared with its run directory's (which advised
+    # trainer.allow_changes for the value first) and before any data is read (data.ways_range
+    # and data.shots_range were checked only once the dataset was loaded).
+    from metalearn.registry import TASKS
+
+    with pytest.raises(ValueError) as err:
+        TASKS.entry(name).config_cls(**kwargs)
+    assert str(err.value).startswith(message), str(err.value)

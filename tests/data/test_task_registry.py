@@ -98,3 +98,20 @@ def test_sinusoid_query_points_as_many_as_the_shots_draws_the_reference_codes_ta
     np.testing.assert_array_equal(task.support[1], same.support[1])
     with pytest.raises(ValueError, match=r"data.num_queries must be >= 1, or 0 for as many"):
         TASKS.build(config(num_queries=-1))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(amplitude_range=(5.0, 0.1)), "data.amplitude_range must be [low, high] with low"),
+        (dict(phase_range=(0.0,)), "data.phase_range must be [low, high] with low <= high"),
+        (dict(input_range=(1.0, -1.0)), "data.input_range must be [low, high] with low"),
+        (dict(num_queries=-1), "data.num_queries must be >= 1, or 0 for as many as the shots"),
+    ],
+)
+def test_the_sinusoid_config_refuses_a_bad_value_when_it_is_made(kwargs, message):
+    # metalearn.config.to_objects makes it: refused before a rerun's config is compared with its
+    # run directory's (which advised trainer.allow_changes for the value first).
+    with pytest.raises(ValueError) as err:
+        TASKS.entry("sinusoid").config_cls(**kwargs)
+    assert str(err.value).startswith(message), str(err.value)

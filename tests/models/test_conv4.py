@@ -122,6 +122,23 @@ def test_invalid_settings_name_the_config_key(kwargs, key):
         conv4(5, Conv4Config(**kwargs))
 
 
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(downsample="avgpool"), "model.downsample must be one of ('stride', 'maxpool')"),
+        (dict(readout="max"), "model.readout must be one of ('flatten', 'mean'), got 'max'"),
+        (dict(filters=0), "model.filters must be >= 1, got 0"),
+        (dict(conv="cudnn"), "model.conv must be one of ('auto', 'xla', 'im2col'), got 'cudnn'"),
+    ],
+)
+def test_the_config_refuses_a_bad_value_when_it_is_made(kwargs, message):
+    # metalearn.config.to_objects makes it: refused before a rerun's config is compared with its
+    # run directory's (which advised trainer.allow_changes for the value first).
+    with pytest.raises(ValueError) as err:
+        Conv4Config(**kwargs)
+    assert str(err.value).startswith(message), str(err.value)
+
+
 @pytest.mark.parametrize("downsample", DOWNSAMPLING)
 def test_im2col_and_xla_convolutions_compute_the_same_network(downsample):
     """Same parameter tree, same outputs, same meta-relevant gradients for either ``conv``."""

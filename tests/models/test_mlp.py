@@ -41,3 +41,21 @@ def test_bad_init_settings_are_refused():
         mlp(1, MLPConfig(kernel_init="xavier"))
     with pytest.raises(ValueError, match="model.kernel_std must be > 0"):
         mlp(1, MLPConfig(kernel_init="truncated_normal", kernel_std=0.0))
+
+
+# metalearn.config.to_objects makes the config: a bad value is refused there, before a rerun's
+# config is compared with its run directory's (which advised trainer.allow_changes for it first).
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(activation="swish"), "model.activation must be one of ['gelu', 'relu', 'tanh']"),
+        (dict(hidden_sizes=(40, 0)), "model.hidden_sizes must be positive widths, got [40, 0]"),
+        (dict(hidden_sizes=()), "model.hidden_sizes must be positive widths, got []"),
+        (dict(kernel_init="xavier"), "model.kernel_init must be one of"),
+        (dict(kernel_std=0.0), "model.kernel_std must be > 0, got 0.0"),
+    ],
+)
+def test_the_config_refuses_a_bad_value_when_it_is_made(kwargs, message):
+    with pytest.raises(ValueError) as err:
+        MLPConfig(**kwargs)
+    assert str(err.value).startswith(message), str(err.value)

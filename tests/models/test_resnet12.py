@@ -320,6 +320,25 @@ def test_bad_settings_are_named(kwargs, message):
         resnet12(5, **kwargs)
 
 
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(readout="max"), "model.readout must be one of"),
+        (dict(filters=(64, 160, 320)), "model.filters must be 4 positive widths"),
+        (dict(filters=(64, 0, 320, 640)), "model.filters must be 4 positive widths"),
+        (dict(drop_rate=1.0), r"model.drop_rate must be in \[0, 1\), got 1.0"),
+        (dict(dropblock_size=0), "model.dropblock_size must be >= 1, got 0"),
+        (dict(dropblock_ramp=-1), r"model.dropblock_ramp must be >= 0 \(0: constant\), got -1"),
+        (dict(conv="cudnn"), "model.conv must be one of"),
+    ],
+)
+def test_the_config_refuses_a_bad_value_when_it_is_made(kwargs, message):
+    # metalearn.config.to_objects makes it: refused before a rerun's config is compared with its
+    # run directory's (which advised trainer.allow_changes for the value first).
+    with pytest.raises(ValueError, match=f"^{message}"):
+        ResNet12Config(**kwargs)
+
+
 def test_the_cli_composes_model_resnet12():
     cmd = [sys.executable, "-m", "metalearn.train", "data=miniimagenet", "model=resnet12"]
     result = subprocess.run([*cmd, "--cfg", "job"], capture_output=True, text=True, timeout=120)

@@ -27,3 +27,21 @@ def test_head_init_scale_multiplies_only_the_mean_layers_initial_weights():
 def test_a_non_positive_scale_is_refused_by_name(key):
     with pytest.raises(ValueError, match=f"model.{key} must be in "):
         gaussian_mlp(2, GaussianMLPConfig(**{key: 0.0}))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(hidden_sizes=()), "model.hidden_sizes must be positive widths, got ()"),
+        (dict(hidden_sizes=(8, 0)), "model.hidden_sizes must be positive widths, got (8, 0)"),
+        (dict(init_std=0.0), "model.init_std must be in [1e-06, 1e+06], got 0.0"),
+        (dict(init_std=1e300), "model.init_std must be in [1e-06, 1e+06], got 1e+300"),
+        (dict(head_init_scale=0.0), "model.head_init_scale must be in (0, 1e+06], got 0.0"),
+    ],
+)
+def test_the_config_refuses_a_bad_value_when_it_is_made(kwargs, message):
+    # metalearn.config.to_objects makes it: refused before a rerun's config is compared with its
+    # run directory's (which advised trainer.allow_changes for the value first).
+    with pytest.raises(ValueError) as err:
+        GaussianMLPConfig(**kwargs)
+    assert str(err.value) == message

@@ -3,7 +3,9 @@ and the probes' loader of a run's policy."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import re
 
 import jax
@@ -15,6 +17,7 @@ from metalearn.algorithms.base import context
 from metalearn.config import to_objects
 from metalearn.data.task import Task
 from metalearn.rl.algorithm import MAMLRLAlgorithmConfig, meta_rl_config
+from metalearn.rl.family import RLTasksConfig
 from metalearn.rl.inner import InnerConfig
 from metalearn.rl.probe import adaptation_rollouts, load_trained_policy, probe_tasks
 from metalearn.rl.rollout import episode_returns
@@ -62,6 +65,29 @@ def test_cli_run_writes_the_return_after_0_to_3_inner_steps(cli_run):
     # trainer.task_batching: auto loops over an RL family's tasks on a CPU (vmap elsewhere)
     summary = json.loads((cli_run / "summary.json").read_text())
     assert summary["task_batching"] == ("map" if jax.default_backend() == "cpu" else "vmap")
+    assert summary["meta_params_changed"] is True
+
+
+def test_a_run_whose_trpo_steps_are_never_accepted_says_so(tmp_path, caplog):
+    """A step scaled to a KL bound of 1e30 with no backtracking fails the line search every time:
+    the run trains nothing, and says so instead of ending silently untrained."""
+    cfg = rl_config(
+        "trainer.eval_every=0",
+        "trainer.meta_steps=2",
+        "algorithm.max_kl=1e30",
+        "algorithm.max_backtracks=0",
+    )
+    with caplog.at_level("WARNING", logger="metalearn"):
+        summary = train_and_evaluate(cfg, str(tmp_path))
+    assert summary["meta_params_changed"] is False
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(
+        w.startswith("the meta-parameters after step 2 are exactly those of step 0")
+        and "check algorithm.max_kl (TRPO)" in w
+        for w in warnings
+    ), warnings
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [x["train/accepted"] for x in lines if x["split"] == "train"] == [0.0]
 
 
 def test_resumed_run_equals_the_uninterrupted_one(cli_run, tmp_path):
@@ -269,6 +295,88 @@ def test_data_horizon_sets_the_episode_length():
 def test_bad_rl_values_are_one_error_line(overrides, fragments, tmp_path):
     result = run_cli(*RL_TINY, *overrides, f"hydra.run.dir={tmp_path / 'run'}", timeout=300)
     error_line(result, *fragments)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(estimator="reinforce"), "algorithm.estimator must be one of ['dice', 'lvc', 'maml']"),
+        (dict(outer="sgd"), "algorithm.outer must be one of ['trpo', 'ppo'], got 'sgd'"),
+        (dict(inner_steps=-1), "algorithm.inner_steps must be an integer >= 0, got -1"),
+        (dict(inner_lr=-1.0), "algorithm.inner_lr must be > 0, got -1.0"),
+        (dict(post_rollouts=0), "algorithm.post_rollouts must be an integer >= 1, got 0"),
+        (dict(max_kl=-1.0), "algorithm.max_kl must be > 0, got -1.0"),
+        (dict(cg_damping=-1.0), "algorithm.cg_damping must be >= 0, got -1.0"),
+        (dict(backtrack_ratio=1.0), "algorithm.backtrack_ratio must be in (0, 1), got 1.0"),
+        (dict(eval_lrs=(0.1, 0.0)), "algorithm.eval_lrs must be positive rates, got [0.1, 0.0]"),
+        (
+            dict(outer="ppo", max_kl=0.05),
+            "algorithm.max_kl=0.05 is used by algorithm.outer=trpo only, and algorithm.outer=ppo: "
+            "set algorithm.outer=trpo, or leave max_kl at 0.01",
+        ),
+    ],
+)
+def test_the_algorithm_config_refuses_a_bad_value_when_it_is_made(kwargs, message):
+    # metalearn.config.to_objects makes it: refused before a rerun's config is compared with its
+    # run directory's (a rerun with algorithm.max_kl=-1 was told to accept the change with
+    # trainer.allow_changes, and refused only after that, when the learner was built).
+    for make in (
+        lambda: MAMLRLAlgorithmConfig(**kwargs),
+        lambda: dataclasses.replace(MAMLRLAlgorithmConfig(), **kwargs),
+    ):
+        with pytest.raises(ValueError) as err:
+            make()
+        assert str(err.value).startswith(message), str(err.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(env="cartpole"), "data.env must be one of ['ant_dir', 'cheetah_dir', "),
+        (dict(rollouts=0), "data.rollouts must be an integer >= 1, got 0"),
+        (dict(discount=1.5), "data.discount must be in (0, 1], got 1.5"),
+        (dict(horizon=-1), "data.horizon must be an integer >= 0 (0: the env's own), got -1"),
+    ],
+)
+def test_the_task_family_config_refuses_a_bad_value_when_it_is_made(kwargs, message):
+    with pytest.raises(ValueError) as err:
+        RLTasksConfig(**kwargs)
+    assert str(err.value).startswith(message), str(err.value)
+
+
+UNUSED = "unused with algorithm.inner_steps=0 (the pretrained baseline)"
+
+
+@pytest.mark.parametrize(
+    "overrides, warned",
+    [
+        (
+            ["algorithm.inner_steps=0", "algorithm.inner_lr=0.05", "algorithm.estimator=dice"],
+            "algorithm.inner_lr=0.05 and algorithm.estimator=dice are ",
+        ),
+        (["algorithm.inner_steps=0", "algorithm.inner_lr=0.05"], "algorithm.inner_lr=0.05 is "),
+        (["algorithm.inner_steps=0"], None),  # the pretrained baseline as it ships
+        (["algorithm.inner_lr=0.05", "algorithm.estimator=dice"], None),  # an inner step reads them
+    ],
+    ids=["rate-and-estimator", "rate", "pretrained", "one-inner-step"],
+)
+def test_inner_steps_0_warns_once_of_the_settings_it_leaves_unused(overrides, warned, caplog):
+    # Not refused: a sweep over algorithm.inner_steps=0,1 with algorithm.inner_lr=0.05 must run.
+    with caplog.at_level(logging.WARNING, logger="metalearn"):
+        exp = build_experiment(rl_config(*overrides))
+        # The runner rebuilds the learner with the inner rate traced, once per compiled program:
+        # the run has warned once already.
+        rebuild = lambda lr: exp.learner_for(exp.hyper._replace(inner_lr=lr)) and lr  # noqa: E731
+        jax.jit(rebuild)(exp.hyper.inner_lr)
+        jax.jit(rebuild)(exp.hyper.inner_lr + 1.0)
+    lines = [r.getMessage() for r in caplog.records if UNUSED in r.getMessage()]
+    if warned is None:
+        assert lines == []
+        return
+    assert lines == [
+        f"{warned}{UNUSED}: training takes no inner step, and evaluation's inner steps are plain "
+        "policy-gradient steps at algorithm.eval_lrs=[0.1, 0.05, 0.05], whatever the estimator"
+    ]
 
 
 def test_maml_rl_on_supervised_data_is_one_error_line(tmp_path):

@@ -69,10 +69,11 @@ def test_bad_values_are_named(override, message):
         ("algorithm.inner_steps=0", "algorithm.inner_steps must be"),
     ],
 )
-def test_bad_algorithm_settings_fail_when_built(override, message):
-    cfg = to_objects(compose_config(["+experiment=sinusoid_maml", override]))
+def test_bad_algorithm_settings_fail_when_the_config_is_made(override, message):
+    # By the algorithm's config dataclass, in to_objects (they failed when the learner was built,
+    # after the run directory's guard had compared a rerun's config with the run's).
     with pytest.raises(ValueError, match=message):
-        build_experiment(cfg)
+        to_objects(compose_config(["+experiment=sinusoid_maml", override]))
 
 
 def test_misspelt_key_and_wrong_type_fail_at_composition():
@@ -176,10 +177,12 @@ def test_renamed_keys_fail_naming_the_new_key(old, new):
     "overrides, message",
     [
         # Non-finite floats passed the range checks (inf > 0) and ended in a NaN much later.
-        (["model.init_std=inf"], "model.init_std must be a finite number, got inf"),
         (["algorithm.eval_lrs=[0.1,nan]"], "algorithm.eval_lrs must be a finite number, got nan"),
         (["algorithm.max_kl=inf"], "algorithm.max_kl must be a finite number"),
         (["optimizer.momentum=nan"], "optimizer.momentum must be a finite number"),
+        # A value outside a setting's range is refused by its config when made, before this
+        # check: model.init_std=inf said "must be a finite number".
+        (["model.init_std=inf"], "model.init_std must be in [1e-06, 1e+06], got inf"),
     ],
 )
 def test_non_finite_settings_are_refused(overrides, message):

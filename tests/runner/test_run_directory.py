@@ -18,7 +18,7 @@ import pytest
 
 from metalearn.runner.checkpoints import CheckpointStore
 from metalearn.runner.rundir import differences
-from tests.cli import checkout_env
+from tests.cli import RL_TINY, checkout_env
 from tests.conftest import restore_latest_state
 
 TINY = ["+experiment=sinusoid_maml", "+debug=tiny"]
@@ -122,6 +122,48 @@ def test_a_refused_value_leaves_the_run_directory_as_it_was(run_copy, overrides)
     assert snapshot(run_copy) == before
     resumed = train(run_copy)
     assert resumed.returncode == 0, resumed.stderr
+
+
+# A tiny MAML-RL run: 2 meta-iterations of 2 tasks, one checkpoint, no validation.
+RL_RUN = [*RL_TINY, "trainer.meta_steps=2", "trainer.eval_every=0"]
+
+
+@pytest.fixture(scope="module")
+def finished_rl_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("rl-reference") / "run"
+    result = cli("metalearn.train", *RL_RUN, f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def assert_refused_as_a_bad_value(run_dir: Path, rerun: list[str], message: str) -> None:
+    """The rerun ends in the one line of the value's own check; the directory is untouched."""
+    record = [run_dir / "config.yaml", run_dir / "checkpoints" / "config.json"]
+    before, record_before = snapshot(run_dir), [p.read_bytes() for p in record]
+    result = cli("metalearn.train", *rerun, f"hydra.run.dir={run_dir}")
+    assert one_line_error(result) == f"error: {message}"
+    assert result.stderr.strip().splitlines() == [f"error: {message}"], result.stderr
+    assert "allow_changes" not in result.stderr and "different config" not in result.stderr
+    assert [p.read_bytes() for p in record] == record_before
+    assert snapshot(run_dir) == before
+
+
+def test_a_bad_algorithm_value_on_a_rerun_is_refused_as_a_bad_value(run_copy):
+    # The run directory's guard (GuardRunDirectory) compared the configs first, because the
+    # algorithm checked its values only when its factory ran: it answered "holds a run with a
+    # different config ... accept the change with 'trainer.allow_changes=[algorithm.inner_lr]'",
+    # and only a rerun that did so was told that the value is refused.
+    assert_refused_as_a_bad_value(
+        run_copy, [*TINY, "algorithm.inner_lr=-1"], "algorithm.inner_lr must be > 0, got -1.0"
+    )
+
+
+def test_a_bad_rl_algorithm_value_on_a_rerun_is_refused_as_a_bad_value(finished_rl_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_rl_run, run_dir)
+    assert_refused_as_a_bad_value(
+        run_dir, [*RL_RUN, "algorithm.max_kl=-1"], "algorithm.max_kl must be > 0, got -1.0"
+    )
 
 
 def test_a_setting_dropped_from_the_command_line_is_a_difference_too():
@@ -436,3 +478,21 @@ def test_evaluate_with_every_checkpoint_damaged_says_where_they_went(run_copy):
         "--which init",
     )
     assert "hydra.run.dir=" in line
+
+
+@pytest.mark.parametrize("store", ["checkpoints", "best"])
+def test_a_run_or_sweep_inside_another_runs_checkpoint_store_is_refused(run_copy, store):
+    # A run directory under checkpoints/ was accepted; the next resume of the outer run took it
+    # for a damaged checkpoint (a step-like name) and moved it, whole, to checkpoints/damaged/.
+    before = snapshot(run_copy)
+    inner = run_copy / store / "30"
+    one_line_error(train(inner), f"lies inside {run_copy / store}", "Nothing was written")
+    swept = cli(
+        "metalearn.train", "-m", *TINY, f"hydra.sweep.dir={run_copy / store / 'sweep'}", "seed=1"
+    )
+    one_line_error(swept, "hydra.sweep.dir=", f"lies inside {run_copy / store}")
+    assert snapshot(run_copy) == before
+    assert not inner.exists() and not (run_copy / store / "sweep").exists()
+    resumed = train(run_copy)
+    assert resumed.returncode == 0, resumed.stderr
+    assert not (run_copy / "checkpoints" / "damaged").exists()
