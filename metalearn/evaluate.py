@@ -42,7 +42,12 @@ from metalearn.runner.devices import out_of_memory_message
 from metalearn.runner.evaluation import format_record
 from metalearn.runner.experiment import needs_serial_lapack
 from metalearn.runner.loop import Runner, load_for_evaluation
-from metalearn.tools import OneLineParser
+from metalearn.tools import OneLineParser, check_output_file
+
+# What this command writes in a run directory, and may replace (saying so): its own outputs.
+# Any other record of a run (config.yaml, the training's eval.json, metrics.jsonl, ...) given
+# as --out is refused; they were replaced silently.
+OWN_OUTPUTS = ("eval_*.json",)
 
 # Keys every config.yaml written by metalearn.train holds; seed and name come last in the file,
 # so a file cut short misses them.
@@ -268,8 +273,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
     try:
         load_plugins()  # the run's own algorithm, model or task family, if it has one
-        if args.out is not None:
-            check_writable_file(args.out, "--out", "eval.json")  # before the evaluation
+        if args.out is not None:  # before the evaluation; never over the run's own records
+            check_output_file(
+                args.out, "--out", f"eval_{args.which}.json", allowed=OWN_OUTPUTS, note=False
+            )
         runner, params = load_run(args.run_dir, args.which, args.overrides)
         out = args.out or os.path.join(args.run_dir, f"eval_{runner.loaded}.json")
         check_writable_file(out, "--out", "eval.json")

@@ -389,3 +389,13 @@ def test_a_run_directory_with_glob_characters_is_refused(tmp_path):
     result = run_cli(*TINY, f"hydra.run.dir='{tmp_path}/x[1]'")
     error_line(result, "contains one of []*?", "cannot be restored", "hydra.run.dir")
     assert not (tmp_path / "x[1]").exists()
+
+
+def test_evaluate_out_never_replaces_a_record_of_the_run(run_config_dir):
+    # --out RUN/config.yaml (or the training's eval.json, metrics.jsonl, ...) was replaced by
+    # the evaluation's records, after the whole evaluation, with no more than a note.
+    target = run_config_dir / "config.yaml"
+    before = target.read_bytes()
+    result = run_cli(str(run_config_dir), "--out", str(target), module="metalearn.evaluate")
+    error_line(result, f"--out {target} is a run's own record (config.yaml)", "eval_best.json")
+    assert target.read_bytes() == before

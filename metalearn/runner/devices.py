@@ -189,16 +189,23 @@ TRAINING_MEMORY_ADVICE = (
 
 
 def out_of_memory_message(err: BaseException, advice: str = TRAINING_MEMORY_ADVICE) -> str | None:
-    """One line for XLA's RESOURCE_EXHAUSTED, with ``advice`` (what bounds memory); else None.
+    """One line for XLA's out of memory, with ``advice`` (what bounds memory); else None.
+
+    XLA says RESOURCE_EXHAUSTED, or on a CPU for some allocations ``INTERNAL: Error dispatching
+    computation: ... Out of memory allocating N bytes``.
 
     >>> out_of_memory_message(RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 8 bytes."),
     ...                       "lower eval.tasks_per_call")
     'out of memory on the device (RESOURCE_EXHAUSTED: Out of memory allocating 8 bytes.); lower eval.tasks_per_call'
+    >>> out_of_memory_message(RuntimeError("INTERNAL: Error dispatching computation: x; Out of "
+    ...                       "memory allocating 9 bytes."), "lower --shots")
+    'out of memory on the device (Out of memory allocating 9 bytes.); lower --shots'
     >>> out_of_memory_message(ValueError("shapes do not match")) is None
     True
     """  # noqa: E501
     text = str(err)
-    if "RESOURCE_EXHAUSTED" not in text:
+    mark = next((m for m in ("RESOURCE_EXHAUSTED", "Out of memory") if m in text), None)
+    if mark is None:
         return None
-    reason = text[text.index("RESOURCE_EXHAUSTED") :].splitlines()[0][:160]
+    reason = text[text.index(mark) :].splitlines()[0][:160]
     return f"out of memory on the device ({reason}); {advice}"

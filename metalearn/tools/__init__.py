@@ -14,8 +14,10 @@ Benchmarks, PyTorch peers and the reference implementations stay in the reposito
 from __future__ import annotations
 
 import argparse
+import fnmatch
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import NoReturn
 
@@ -70,3 +72,92 @@ def require_matplotlib() -> ModuleType:
         sys.exit(2)
     matplotlib.use("Agg")
     return matplotlib
+
+
+# What a run or sweep directory holds that a tool's output must never replace: its records (by
+# name, in a directory that holds a run) and the stores of Hydra, the checkpoints and TensorBoard.
+RUN_RECORDS = (
+    "config.yaml",
+    "eval.json",
+    "eval_*.json",
+    "metrics.jsonl",
+    "metrics.jsonl.unreadable",
+    "summary.json",
+    "status.json",
+    "train.log",
+    "error.txt",
+)
+RUN_STORES = (".hydra", "checkpoints", "best", "tensorboard")
+RUN_MARKS = ("config.yaml", ".hydra", "checkpoints", "metrics.jsonl", "eval.json")
+
+
+def _holds_a_run(directory: str) -> bool:
+    return any(os.path.exists(os.path.join(directory, mark)) for mark in RUN_MARKS)
+
+
+def run_record(path: str | os.PathLike, allowed: Sequence[str] = ()) -> str | None:
+    """What ``path`` is when it is an existing file of a run or sweep (``eval.json``, a file
+    under ``checkpoints/``, a sweep's ``multirun.yaml``), in words; None for any other path and
+    for names matching a pattern in ``allowed`` (a tool's own outputs, e.g. ``eval_*.json``).
+
+    >>> run_record("/nonexistent/eval.json") is None
+    True
+    """
+    path = os.path.abspath(os.fspath(path))
+    if not os.path.isfile(path):
+        return None
+    name, directory = os.path.basename(path), os.path.dirname(path)
+    if name == "multirun.yaml":
+        return "a sweep's record of its jobs (multirun.yaml)"
+    if any(fnmatch.fnmatch(name, pattern) for pattern in allowed):
+        return None
+    if any(fnmatch.fnmatch(name, p) for p in RUN_RECORDS) and _holds_a_run(directory):
+        return f"a run's own record ({name})"
+    parts = path.split(os.sep)
+    for i, part in enumerate(parts[:-1]):
+        if part in RUN_STORES and _holds_a_run(os.sep.join(parts[:i]) or os.sep):
+            return f"inside the run {os.sep.join(parts[:i])}'s {part}/"
+    return None
+
+
+def check_output_file(
+    path: str | os.PathLike,
+    flag: str,
+    example: str,
+    allowed: Sequence[str] = (),
+    note: bool = True,
+) -> None:
+    """Raise ValueError (one line) unless ``path`` can be written as a file that replaces no
+    record of a run (:func:`run_record`); with ``note``, say on stderr when it replaces another
+    existing file.
+    Called before the work, as :func:`metalearn.config.check_writable_file` (which it calls)."""
+    from metalearn.config import check_writable_file
+
+    check_writable_file(path, flag, example)
+    record = run_record(path, allowed)
+    if record is not None:
+        directory = os.path.dirname(os.fspath(path)) or "."
+        while os.path.basename(os.path.abspath(directory)) in RUN_STORES:  # not in .hydra/
+            directory = os.path.dirname(os.path.abspath(directory))
+        shown = os.path.join(directory, example)
+        raise ValueError(
+            f"{flag} {path} is {record}: writing there would destroy it. Nothing was written. "
+            f"Give a new file name, e.g. {shown}"
+        )
+    if note and os.path.isfile(path):
+        print(f"note: {flag} {path} exists: it will be replaced", file=sys.stderr)
+
+
+def check_image_out(out: str | os.PathLike, flag: str, example: str) -> str:
+    """:func:`check_output_file` for a figure, and the format matplotlib writes it in (its
+    extension, PNG without one); ValueError (one line) for a format it cannot write. Called
+    before any run is read: matplotlib refused it only at the end, without naming the flag."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    suffix = os.path.splitext(os.fspath(out))[1][1:]
+    if suffix and suffix.lower() not in formats and not os.path.isdir(out):
+        known = ", ".join(f".{f}" for f in sorted(formats))
+        raise ValueError(f"{flag} {out}: cannot write '.{suffix}' files; use one of {known}")
+    check_output_file(out, flag, example)
+    return suffix.lower() or "png"

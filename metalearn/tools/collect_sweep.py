@@ -19,9 +19,8 @@ from pathlib import Path
 
 import yaml
 
-from metalearn.config import check_writable_file
 from metalearn.runner.sweeps import read_status
-from metalearn.tools import OneLineParser
+from metalearn.tools import OneLineParser, check_output_file
 
 RECORD_COLUMNS = [
     "metric",
@@ -58,9 +57,9 @@ def run_overrides(run_dir: Path) -> dict[str, str] | None:
 def read_records(run_dir: Path) -> tuple[list[dict], str]:
     """The run's eval.json records, or none and why there are none."""
     eval_path = run_dir / "eval.json"
-    status = read_status(run_dir)
+    status = _status(read_status(run_dir))
     if status is not None and status["status"] == "refused":  # the rerun changed nothing
-        status = status.get("previous")
+        status = _status(status.get("previous"))
     if status is not None and status["status"] != "ok":
         return [], f"{status['status']}: {status['message']}"
     if not eval_path.exists():
@@ -71,7 +70,18 @@ def read_records(run_dir: Path) -> tuple[list[dict], str]:
             raise ValueError("not a list of records")
     except (OSError, ValueError) as err:  # json.JSONDecodeError is a ValueError
         return [], f"unreadable eval.json ({str(err).splitlines()[0]})"
+    if not records:  # the run was left out of the table without a word
+        return [], "eval.json holds no records"
     return records, ""
+
+
+def _status(record: object) -> dict | None:
+    """A job's status record (or its ``previous`` one), None when there is none or it is
+    malformed: a ``previous`` that is no record was a TypeError traceback, a ``status`` that is
+    no word was listed as ``5: None``."""
+    if not isinstance(record, dict) or not isinstance(record.get("status"), str):
+        return None
+    return record
 
 
 def collect(sweep_dir: Path) -> tuple[list[dict], list[tuple[Path, str]], list[Path]]:
@@ -105,11 +115,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--csv", type=Path, default=None, help="also write the table as CSV")
     args = parser.parse_args(argv)
     if not args.sweep_dir.is_dir():
-        print(f"error: {args.sweep_dir} is not a directory", file=sys.stderr)
+        what = "is a file, not a directory" if args.sweep_dir.exists() else "does not exist"
+        print(
+            f"error: {args.sweep_dir} {what}: give a sweep's output directory, e.g. "
+            "multirun/NAME/DATE_TIME",
+            file=sys.stderr,
+        )
         return 2
     if args.csv:
-        try:
-            check_writable_file(args.csv, "--csv", "sweep.csv")
+        try:  # not over a run's eval.json, status.json, ... (they were replaced by the table)
+            check_output_file(args.csv, "--csv", "sweep.csv")
         except ValueError as err:  # before collecting, not after printing the table
             print(f"error: {err}", file=sys.stderr)
             return 2

@@ -17,21 +17,27 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from metalearn.tools import OneLineParser, exit_status, require_matplotlib
+from metalearn.tools import OneLineParser, check_image_out, exit_status, require_matplotlib
 
 require_matplotlib()  # the plot extra: one line and exit 2 without it
 import matplotlib.pyplot as plt  # noqa: E402
-
-from metalearn.config import check_writable_file  # noqa: E402
 
 
 def read_metrics(run_dir: Path) -> tuple[dict[str, list], dict[tuple, list]]:
     """Training series ``{metric: [(step, value)]}`` and validation series by (metric, steps)."""
     train, val = defaultdict(list), defaultdict(list)
     path = run_dir / "metrics.jsonl"
+    if run_dir.is_file():
+        raise ValueError(f"{run_dir} is a file, not a run directory: give the directory of a run")
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: is {run_dir} a metalearn run directory?")
-    lines = path.read_text().splitlines()
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as err:  # a directory, or bytes that are not text
+        raise ValueError(
+            f"{path} cannot be read ({type(err).__name__}: {str(err).splitlines()[0]}); "
+            "restore it from a copy, or move it away if the run is to start again"
+        ) from None
     records = []
     for number, line in enumerate(lines, 1):
         try:
@@ -40,6 +46,7 @@ def read_metrics(run_dir: Path) -> tuple[dict[str, list], dict[tuple, list]]:
                 raise ValueError(f"a JSON {type(record).__name__}, not a record")
             if "split" not in record or "step" not in record:
                 raise ValueError("a record without 'split' and 'step'")
+            check_record(record)
             records.append(record)
         except ValueError as err:  # json.JSONDecodeError is a ValueError
             if number < len(lines):
@@ -57,14 +64,44 @@ def read_metrics(run_dir: Path) -> tuple[dict[str, list], dict[tuple, list]]:
     for record in records:
         if record["split"] == "train":
             for key, value in record.items():
-                if key.startswith("train/"):
+                if key.startswith("train/") and value is not None:
                     train[key[len("train/") :]].append((record["step"], value))
         else:
             for entry in record.get("eval", []):
                 if entry.get("mean") is not None:
                     key = (entry["metric"], entry["shots"], entry["steps"])
-                    val[key].append((record["step"], entry["mean"], entry["ci95"] or 0.0))
+                    val[key].append((record["step"], entry["mean"], entry.get("ci95") or 0.0))
     return train, val
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def check_record(record: dict) -> None:
+    """Raise ValueError unless ``record`` has a step count, numbers (or null) as training
+    metrics and a list of evaluation entries (metric, shots, steps; mean and ci95 numbers or
+    null): what the plot reads. Each was a TypeError or KeyError traceback.
+
+    >>> check_record({"split": "train", "step": 1, "train/mse": "x"})
+    Traceback (most recent call last):
+    ValueError: train/mse is 'x', not a number
+    """
+    step = record["step"]
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"step is {step!r}, not a count of meta-steps")
+    for key, value in record.items():
+        if key.startswith("train/") and value is not None and not _is_number(value):
+            raise ValueError(f"{key} is {value!r}, not a number")
+    entries = record.get("eval", [])
+    if not isinstance(entries, list):
+        raise ValueError(f"eval is {entries!r}, not a list of evaluation records")
+    for entry in entries:
+        if not isinstance(entry, dict) or not {"metric", "shots", "steps"} <= entry.keys():
+            raise ValueError(f"an eval entry without metric, shots and steps: {entry!r}")
+        for key in ("mean", "ci95"):
+            if entry.get(key) is not None and not _is_number(entry[key]):
+                raise ValueError(f"an eval entry with {key} {entry[key]!r}, not a number or null")
 
 
 def axis_scale(values: list[float]) -> str:
@@ -76,7 +113,9 @@ def axis_scale(values: list[float]) -> str:
     return "log" if values and min(values) > 0 else "linear"
 
 
-def plot(run_dirs: list[Path], out: Path, metrics: list[str] | None = None) -> None:
+def plot(
+    run_dirs: list[Path], out: Path, metrics: list[str] | None = None, fmt: str = "png"
+) -> None:
     fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(11, 4))
     train_values, val_values = [], []
     for run_dir in run_dirs:
@@ -115,7 +154,8 @@ def plot(run_dirs: list[Path], out: Path, metrics: list[str] | None = None) -> N
             ax.text(0.5, 0.5, f"no {records} records", ha="center", transform=ax.transAxes)
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    # The path as given: without an extension matplotlib would write (and overwrite) OUT.png.
+    fig.savefig(out, dpi=120, format=fmt)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,11 +168,13 @@ def main(argv: list[str] | None = None) -> int:
         "--metrics", help="training metrics to draw, comma-separated (default: all logged)"
     )
     args = parser.parse_args(argv)
-    metrics = [m for m in args.metrics.split(",") if m] if args.metrics else None
+    metrics = [m for m in args.metrics.split(",") if m] if args.metrics is not None else None
 
     def work() -> None:
-        check_writable_file(args.out, "--out", "learning_curves.png")  # before reading runs
-        plot(args.run_dirs, args.out, metrics)
+        if metrics == []:  # "--metrics ," or "--metrics ''" drew every metric
+            raise ValueError(f"--metrics {args.metrics!r} names no metric: give NAME[,NAME]")
+        fmt = check_image_out(args.out, "--out", "learning_curves.png")  # before reading runs
+        plot(args.run_dirs, args.out, metrics, fmt)
         print(f"wrote {args.out}")
 
     return exit_status(work)

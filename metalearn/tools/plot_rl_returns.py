@@ -19,14 +19,11 @@ import math
 import sys
 from pathlib import Path
 
-from metalearn.tools import OneLineParser, exit_status, require_matplotlib
+from metalearn.tools import OneLineParser, check_image_out, exit_status, require_matplotlib
 
 require_matplotlib()  # the plot extra: one line and exit 2 without it
 import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
-from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
-
-from metalearn.config import check_writable_file  # noqa: E402
 
 METRIC = "return"
 
@@ -49,6 +46,7 @@ def read_returns(run: Path) -> list[tuple[int, float | None, float | None]]:
             isinstance(r, dict) and {"metric", "steps", "mean"} <= r.keys() for r in records
         ):
             raise ValueError("a record without metric, steps and mean")
+        metrics = sorted({str(r["metric"]) for r in records})
         records = [r for r in records if r["metric"] == METRIC]
         for r in records:
             check_values(r)
@@ -58,8 +56,18 @@ def read_returns(run: Path) -> list[tuple[int, float | None, float | None]]:
             "run directory or a file written by python -m metalearn.evaluate RUN --out FILE"
         ) from None
     if not records:
-        raise ValueError(f"{path} has no '{METRIC}' records: not an RL run")
-    return sorted((r["steps"], r["mean"], r.get("ci95")) for r in records)
+        raise ValueError(
+            f"{path} has no '{METRIC}' records (its metrics: {', '.join(metrics) or 'none'}): "
+            "not an RL run; give RL runs only (for others: python -m "
+            "metalearn.tools.plot_learning_curves or collect_sweep)"
+        )
+    # A NaN or infinity (a file edited by hand: runs write null) is a non-finite mean, an
+    # unknown interval, as null is; plotted, it was a point at nan and a table cell "nan ± inf".
+    return sorted((r["steps"], _finite(r["mean"]), _finite(r.get("ci95"))) for r in records)
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
 
 
 def check_values(record: dict) -> None:
@@ -82,13 +90,9 @@ def check_values(record: dict) -> None:
 
 
 def check_out(out: Path) -> None:
-    """Raise ValueError (one line) unless matplotlib can write ``out``: before any plotting."""
-    formats = FigureCanvasAgg.get_supported_filetypes()
-    suffix = out.suffix[1:].lower()
-    if suffix and suffix not in formats and not out.is_dir():
-        known = ", ".join(f".{f}" for f in sorted(formats))
-        raise ValueError(f"--out {out}: cannot write '.{out.suffix[1:]}' files; use one of {known}")
-    check_writable_file(out, "--out", "returns.png")
+    """Raise ValueError (one line) unless matplotlib can write ``out`` and it replaces no run's
+    record: before any plotting."""
+    check_image_out(out, "--out", "returns.png")
 
 
 def default_label(run: Path) -> str:
@@ -169,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"{len(args.labels)} --labels for {len(args.runs)} run directories")
         check_out(args.out)
         labels = args.labels or [default_label(r) for r in args.runs]
+        blank = next((i for i, label in enumerate(labels, 1) if not label.strip()), None)
+        if blank is not None:  # matplotlib left it out of the legend with a UserWarning
+            raise ValueError(f"--labels: label {blank} is empty; give each run a name")
         repeated = next((label for label in labels if labels.count(label) > 1), None)
         if repeated is not None:  # a dict keyed by label would keep only the last such run
             raise ValueError(

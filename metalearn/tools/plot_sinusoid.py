@@ -13,23 +13,26 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-from omegaconf import OmegaConf
 
-from metalearn.tools import OneLineParser, exit_status, require_matplotlib
+from metalearn.tools import OneLineParser, check_image_out, exit_status, require_matplotlib
 
 require_matplotlib()  # the plot extra: one line and exit 2 without it
 import matplotlib.pyplot as plt  # noqa: E402
 
 from metalearn.algorithms.base import context  # noqa: E402
-from metalearn.config import check_writable_file, to_objects  # noqa: E402
 from metalearn.data.sinusoid import sample_sinusoid_task  # noqa: E402
+from metalearn.evaluate import load_run_config  # noqa: E402
+from metalearn.runner.devices import out_of_memory_message  # noqa: E402
 from metalearn.runner.loop import load_for_evaluation  # noqa: E402
 
 
-def plot(run_dir: Path, shots: int, seed: int, steps: list[int], out: Path) -> None:
-    if not (run_dir / "config.yaml").is_file():
+def plot(
+    run_dir: Path, shots: int, seed: int, steps: list[int], out: Path, fmt: str = "png"
+) -> None:
+    if not (run_dir / "config.yaml").exists():
         raise FileNotFoundError(f"{run_dir} has no config.yaml: is it a metalearn run directory?")
-    cfg = to_objects(OmegaConf.load(run_dir / "config.yaml"))
+    # As evaluate reads it: an empty, half-written or corrupt file is one line (a traceback).
+    cfg = load_run_config(str(run_dir), [])
     if cfg.data.name != "sinusoid":
         raise ValueError(f"{run_dir} is a {cfg.data.name} run, not a sinusoid one")
     runner, trained = load_for_evaluation(cfg, str(run_dir), "best")
@@ -67,7 +70,8 @@ def plot(run_dir: Path, shots: int, seed: int, steps: list[int], out: Path) -> N
     ax.set(title=f"MAML, K={shots}", xlim=d.input_range)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    # The path as given: without an extension matplotlib would write (and overwrite) OUT.png.
+    fig.savefig(out, dpi=120, format=fmt)
 
 
 def initial_model_params(meta_params):
@@ -92,12 +96,18 @@ def main(argv: list[str] | None = None) -> int:
     def work() -> None:
         if args.shots < 1:
             raise ValueError(f"--shots must be >= 1 (support points), got {args.shots}")
-        if min(args.steps) < 1:
+        if min(args.steps) < 1 or args.steps[0] == args.steps[1]:  # one legend entry for both
             raise ValueError(
-                f"--steps must be two integers >= 1, got {' '.join(map(str, args.steps))}"
+                "--steps must be two different integers >= 1, got " + " ".join(map(str, args.steps))
             )
-        check_writable_file(args.out, "--out", "sinusoid.png")  # before loading the model
-        plot(args.run_dir, args.shots, args.seed, args.steps, args.out)
+        fmt = check_image_out(args.out, "--out", "sinusoid.png")  # before loading the model
+        try:
+            plot(args.run_dir, args.shots, args.seed, args.steps, args.out, fmt)
+        except Exception as err:  # XLA's out of memory, e.g. --shots 100000000: a traceback
+            message = out_of_memory_message(err, "lower --shots (support points)")
+            if message is None:
+                raise
+            raise ValueError(message) from None
         print(f"wrote {args.out}")
 
     return exit_status(work)

@@ -58,6 +58,11 @@ def parse_args(argv: list[str]) -> dict[str, str]:
         key, sep, value = arg.partition("=")
         if not sep or key not in KEYS:
             raise ValueError(f"unknown argument {arg!r}; usage: {USAGE}")
+        if key in settings:  # the later one won silently
+            raise ValueError(
+                f"{key} is given twice ({key}={settings[key]}, {arg}): give it once "
+                "(several datasets: data=NAME,NAME)"
+            )
         settings[key] = value
     if not settings.get("data"):
         raise ValueError(f"name the dataset(s) with data=; usage: {USAGE}")
@@ -65,7 +70,8 @@ def parse_args(argv: list[str]) -> dict[str, str]:
         problem = directory_setting_problem(key, settings[key]) if settings.get(key) else None
         if problem:
             raise ValueError(f"{problem}; {advice}")
-    unknown = [n for n in settings["data"].split(",") if n not in BUILDERS]
+    names = settings["data"].split(",")
+    unknown = [repr(n) if not n.strip() else n for n in names if n not in BUILDERS]
     if unknown:
         known = ", ".join(BUILDERS)
         raise ValueError(f"data={settings['data']}: unknown {', '.join(unknown)}; known: {known}")

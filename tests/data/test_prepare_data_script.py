@@ -44,3 +44,14 @@ def test_the_readme_spelling_is_accepted_and_others_are_refused(tmp_path):
 def test_docstring_examples():
     result = doctest.testmod(prepare_data, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_a_setting_given_twice_is_refused(capsys):
+    # `data=omniglot data=cifarfs` prepared cifarfs only: the first was dropped silently.
+    assert prepare_data.main(["data=omniglot", "data=cifarfs"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: data is given twice")
+    assert "data=NAME,NAME" in err
+    # An empty name in the list is named as one (it read "unknown ; known: ...").
+    assert prepare_data.main(["data=omniglot,"]) == 2
+    assert "unknown ''; known: omniglot" in capsys.readouterr().err

@@ -79,3 +79,46 @@ def test_a_malformed_status_record_is_not_a_traceback(tmp_path):
     result = run_tool("collect_sweep", str(sweep))
     assert result.returncode == 0, result.stderr
     assert len([line for line in result.stdout.splitlines() if "0.2500" in line]) == 2
+
+
+def test_csv_never_replaces_a_record_of_the_sweep(tmp_path):
+    # --csv onto a job's eval.json, status.json or .hydra/overrides.yaml, or the sweep's
+    # multirun.yaml, replaced it with the table, silently.
+    sweep = tmp_path / "sweep"
+    run = _run(sweep, "0_lr", "- optimizer.lr=0.1\n")
+    (run / "status.json").write_text('{"status": "ok", "exit_code": 0, "message": ""}')
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    for target in [
+        run / "eval.json",
+        run / "status.json",
+        run / ".hydra" / "overrides.yaml",
+        sweep / "multirun.yaml",
+    ]:
+        before = target.read_bytes()
+        result = run_tool("collect_sweep", str(sweep), "--csv", str(target))
+        error_line(result, f"--csv {target} is ", "Nothing was written", "sweep.csv")
+        assert target.read_bytes() == before and result.stdout == ""
+    # Another existing file is replaced, and a line says so.
+    other = tmp_path / "old.csv"
+    other.write_text("an older table\n")
+    result = run_tool("collect_sweep", str(sweep), "--csv", str(other))
+    assert result.returncode == 0, result.stderr
+    assert f"note: --csv {other} exists: it will be replaced" in result.stderr
+    assert other.read_text().startswith("run,optimizer.lr,metric")
+
+
+def test_a_malformed_earlier_record_or_an_empty_eval_json_is_no_traceback(tmp_path):
+    sweep = tmp_path / "sweep"
+    refused = _run(sweep, "0_lr=0.1", "- optimizer.lr=0.1\n", mean=0.25)
+    # A refused rerun whose "previous" is no record: a TypeError traceback.
+    (refused / "status.json").write_text(
+        '{"status": "refused", "exit_code": 2, "message": "x", "previous": 5}'
+    )
+    empty = _run(sweep, "1_lr=0.2", "- optimizer.lr=0.2\n")
+    (empty / "eval.json").write_text("[]")  # it was left out of the table without a word
+    result = run_tool("collect_sweep", str(sweep))
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert any(line.startswith("0_lr=0.1") for line in result.stdout.splitlines())
+    assert f"{empty}: eval.json holds no records" in result.stdout
+    missing = run_tool("collect_sweep", str(tmp_path / "nowhere"))
+    error_line(missing, "nowhere does not exist", "give a sweep's output directory")

@@ -1,6 +1,7 @@
 """The plot scripts produce PNGs from a real (tiny) run directory."""
 
 import json
+import math
 
 import pytest
 from omegaconf import OmegaConf
@@ -297,3 +298,94 @@ def test_a_tool_called_wrongly_says_so_in_one_line(tool, args):
     result = run_tool(tool, *args)
     error_line(result, f"; usage: python -m metalearn.tools.{tool} [-h]")
     assert result.stderr.count("\n") == 1, result.stderr
+
+
+@pytest.mark.parametrize(
+    "damage, fragments",
+    [
+        ("directory", ["metrics.jsonl cannot be read (IsADirectoryError"]),
+        ("bytes", ["metrics.jsonl cannot be read (UnicodeDecodeError"]),
+        ("string", ["metrics.jsonl, line 2", "train/loss is 'x', not a number"]),
+        ("eval", ["metrics.jsonl, line 2", "eval is 5, not a list"]),
+        ("entry", ["metrics.jsonl, line 2", "an eval entry without metric, shots and steps"]),
+    ],
+)
+def test_learning_curves_on_a_damaged_metrics_file(tmp_path, damage, fragments):
+    # A directory, a traceback; bytes, the decode error without the file's name; a string
+    # value, an eval that is no list, an entry without its keys: TypeError/KeyError tracebacks.
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = _metrics_lines()
+    bad = {
+        "string": {"split": "train", "step": 2, "train/loss": "x"},
+        "eval": {"split": "val", "step": 2, "eval": 5},
+        "entry": {"split": "val", "step": 2, "eval": [{"mean": 0.5}]},
+    }
+    if damage == "directory":
+        (run / "metrics.jsonl").mkdir()
+    elif damage == "bytes":
+        (run / "metrics.jsonl").write_bytes(b"\xff\xfe\x00garbage\n")
+    else:
+        lines.insert(1, json.dumps(bad[damage]))
+        (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "c.png"
+    error_line(run_tool("plot_learning_curves", str(run), "--out", str(out)), *fragments)
+    assert not out.exists()
+
+
+def test_learning_curves_out_is_checked_and_written_as_given(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("\n".join(_metrics_lines()) + "\n")
+    before = (run / "metrics.jsonl").read_bytes()
+    # matplotlib refused '.jsonl' only after reading the runs, without naming --out.
+    result = run_tool("plot_learning_curves", str(run), "--out", str(run / "metrics.jsonl"))
+    error_line(result, f"--out {run / 'metrics.jsonl'}: cannot write '.jsonl' files")
+    assert (run / "metrics.jsonl").read_bytes() == before
+    # "--metrics ," drew every metric.
+    error_line(run_tool("plot_learning_curves", str(run), "--metrics", ","), "names no metric")
+    # Without an extension it wrote OUT.png and said "wrote OUT".
+    out = tmp_path / "curves"
+    result = run_tool("plot_learning_curves", str(run), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not (tmp_path / "curves.png").exists()
+
+
+@pytest.mark.parametrize(
+    "text, fragments",
+    [
+        ("", ["config.yaml is empty or half-written"]),
+        ("algorithm: [1\n", ["config.yaml cannot be read (ParserError"]),
+    ],
+)
+def test_plot_sinusoid_on_an_empty_or_corrupt_config(tmp_path, text, fragments):
+    # A 42-line ConfigAttributeError / 52-line yaml ParserError traceback.
+    (tmp_path / "config.yaml").write_text(text)
+    result = run_tool("plot_sinusoid", str(tmp_path), "--out", str(tmp_path / "s.png"))
+    error_line(result, *fragments, "restore it from a copy")
+
+
+def test_plot_sinusoid_refuses_the_same_step_count_twice(tmp_path):
+    # --steps 1 1 drew two lines under one legend entry.
+    result = run_tool("plot_sinusoid", str(tmp_path), "--steps", "1", "1")
+    error_line(result, "--steps must be two different integers >= 1, got 1 1")
+
+
+def test_rl_returns_with_a_nan_an_empty_label_or_a_supervised_run(tmp_path):
+    run = _rl_run(tmp_path / "a", "rl_nav2d_maml", [-40.0, -12.0])
+    out = tmp_path / "r.png"
+    # A NaN in a file edited by hand: the table read "nan ± inf".
+    nan = {**_eval_record(1, -12.0, 1.0), "mean": math.nan, "ci95": math.inf}
+    (run / "eval.json").write_text(json.dumps([_eval_record(0, -40.0, 2.0), nan]))
+    result = run_tool("plot_rl_returns", str(run), "--out", str(out), "--table")
+    assert result.returncode == 0, result.stderr
+    assert "| rl_nav2d_maml | -40.00 ± 2.00 | non-finite |" in result.stdout
+    # An empty label: matplotlib's two-line UserWarning, and a line without a legend entry.
+    result = run_tool("plot_rl_returns", str(run), "--labels", " ", "--out", str(out))
+    error_line(result, "--labels: label 1 is empty")
+    # A supervised run among RL ones: the line now says which metrics it has, and what to use.
+    sin = tmp_path / "sin"
+    sin.mkdir()
+    (sin / "eval.json").write_text(json.dumps([{"metric": "mse", "steps": 0, "mean": 1.0}]))
+    result = run_tool("plot_rl_returns", str(run), str(sin), "--out", str(out))
+    error_line(result, "no 'return' records (its metrics: mse)", "plot_learning_curves")
