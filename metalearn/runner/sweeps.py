@@ -50,14 +50,29 @@ def record_job(
 
 def read_status(job_dir: Path) -> dict | None:
     """The job's status record, or None if it wrote none (still running, or killed) or it
-    cannot be read as one."""
+    cannot be read as one (a field of the wrong kind too: the sweep summary printed ``5``).
+
+    >>> import tempfile
+    >>> job = Path(tempfile.mkdtemp())
+    >>> _ = (job / STATUS).write_text('{"status": 5, "exit_code": 2, "message": "x"}')
+    >>> read_status(job) is None
+    True
+    >>> _ = (job / STATUS).write_text('{"status": "ok", "exit_code": 0, "message": ""}')
+    >>> read_status(job)["status"]
+    'ok'
+    """
     try:
         record = json.loads((job_dir / STATUS).read_text())
     except (OSError, ValueError):
         return None
     if not (isinstance(record, dict) and {"status", "exit_code", "message"} <= record.keys()):
         return None
-    return record
+    well_formed = (
+        isinstance(record["status"], str)
+        and isinstance(record.get("time", 0.0), int | float)
+        and isinstance(record.get("previous", {}), dict)
+    )
+    return record if well_formed else None
 
 
 def _launched_since(job: Path, status: dict | None, since: float) -> bool:

@@ -57,7 +57,7 @@ def run_overrides(run_dir: Path) -> dict[str, str] | None:
 def read_records(run_dir: Path) -> tuple[list[dict], str]:
     """The run's eval.json records, or none and why there are none."""
     eval_path = run_dir / "eval.json"
-    status = _status(read_status(run_dir))
+    status = read_status(run_dir)
     if status is not None and status["status"] == "refused":  # the rerun changed nothing
         status = _status(status.get("previous"))
     if status is not None and status["status"] != "ok":
@@ -76,9 +76,9 @@ def read_records(run_dir: Path) -> tuple[list[dict], str]:
 
 
 def _status(record: object) -> dict | None:
-    """A job's status record (or its ``previous`` one), None when there is none or it is
-    malformed: a ``previous`` that is no record was a TypeError traceback, a ``status`` that is
-    no word was listed as ``5: None``."""
+    """A job's earlier status record (its ``previous`` one), None when there is none or it is
+    malformed (a ``status`` that is no word was listed as ``5: None``; ``read_status`` checks
+    the job's own record)."""
     if not isinstance(record, dict) or not isinstance(record.get("status"), str):
         return None
     return record
