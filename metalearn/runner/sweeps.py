@@ -65,12 +65,19 @@ def read_status(job_dir: Path) -> dict | None:
         record = json.loads((job_dir / STATUS).read_text())
     except (OSError, ValueError):
         return None
+    record = status_record(record)
+    if record is None or not isinstance(record.get("previous", {}), dict):
+        return None
+    return record
+
+
+def status_record(record: object) -> dict | None:
+    """``record`` if it has the fields of a job's status record, of the right kinds (a job's
+    own record, or the earlier one a refusal keeps as ``previous``); else None."""
     if not (isinstance(record, dict) and {"status", "exit_code", "message"} <= record.keys()):
         return None
-    well_formed = (
-        isinstance(record["status"], str)
-        and isinstance(record.get("time", 0.0), int | float)
-        and isinstance(record.get("previous", {}), dict)
+    well_formed = isinstance(record["status"], str) and isinstance(
+        record.get("time", 0.0), int | float
     )
     return record if well_formed else None
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from metalearn.runner.sweeps import read_status
+from metalearn.runner.sweeps import read_status, status_record
 from metalearn.tools import OneLineParser, check_output_file
 
 RECORD_COLUMNS = [
@@ -59,7 +59,7 @@ def read_records(run_dir: Path) -> tuple[list[dict], str]:
     eval_path = run_dir / "eval.json"
     status = read_status(run_dir)
     if status is not None and status["status"] == "refused":  # the rerun changed nothing
-        status = _status(status.get("previous"))
+        status = status_record(status.get("previous"))  # None if malformed
     if status is not None and status["status"] != "ok":
         return [], f"{status['status']}: {status['message']}"
     if not eval_path.exists():
@@ -73,15 +73,6 @@ def read_records(run_dir: Path) -> tuple[list[dict], str]:
     if not records:  # the run was left out of the table without a word
         return [], "eval.json holds no records"
     return records, ""
-
-
-def _status(record: object) -> dict | None:
-    """A job's earlier status record (its ``previous`` one), None when there is none or it is
-    malformed (a ``status`` that is no word was listed as ``5: None``; ``read_status`` checks
-    the job's own record)."""
-    if not isinstance(record, dict) or not isinstance(record.get("status"), str):
-        return None
-    return record
 
 
 def collect(sweep_dir: Path) -> tuple[list[dict], list[tuple[Path, str]], list[Path]]:

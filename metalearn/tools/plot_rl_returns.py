@@ -89,12 +89,6 @@ def check_values(record: dict) -> None:
             raise ValueError(f"a record with {key} {value!r}, not a number or null")
 
 
-def check_out(out: Path) -> None:
-    """Raise ValueError (one line) unless matplotlib can write ``out`` and it replaces no run's
-    record: before any plotting."""
-    check_image_out(out, "--out", "returns.png")
-
-
 def default_label(run: Path) -> str:
     """The run's experiment name; for an evaluation file, its run's name and the file's stem."""
     run_dir = (run.parent if run.is_file() else run).resolve()
@@ -130,7 +124,10 @@ def _cell(mean: float | None, ci95: float | None) -> str:
 
 
 def plot(
-    rows: dict[str, list[tuple[int, float | None, float | None]]], out: Path, title: str
+    rows: dict[str, list[tuple[int, float | None, float | None]]],
+    out: Path,
+    title: str,
+    fmt: str = "png",
 ) -> None:
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for label, points in rows.items():
@@ -146,7 +143,7 @@ def plot(
     ax.legend()
     fig.tight_layout()
     # The path as given: without an extension matplotlib would write (and overwrite) OUT.png.
-    fig.savefig(out, dpi=100, format=out.suffix[1:].lower() or "png")
+    fig.savefig(out, dpi=100, format=fmt)
     plt.close(fig)
 
 
@@ -171,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     def work() -> None:
         if args.labels and len(args.labels) != len(args.runs):
             raise ValueError(f"{len(args.labels)} --labels for {len(args.runs)} run directories")
-        check_out(args.out)
+        fmt = check_image_out(args.out, "--out", "returns.png")  # before any run is read
         labels = args.labels or [default_label(r) for r in args.runs]
         blank = next((i for i, label in enumerate(labels, 1) if not label.strip()), None)
         if blank is not None:  # matplotlib left it out of the legend with a UserWarning
@@ -182,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"more than one run is labelled '{repeated}': give distinct --labels, one per run"
             )
         rows = {label: read_returns(run) for label, run in zip(labels, args.runs, strict=True)}
-        plot(rows, args.out, args.title)
+        plot(rows, args.out, args.title, fmt)
         if args.table:
             print(markdown_table(rows))
         print(f"wrote {args.out}")
