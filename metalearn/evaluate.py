@@ -67,6 +67,12 @@ def load_run_config(run_dir: str, overrides: list[str]) -> Config:
         print(f"{path} not found: reading the run's Hydra config, {copy}", file=sys.stderr)
         path = copy
     elif not os.path.exists(path):
+        jobs = sweep_jobs(run_dir)
+        if jobs:  # a sweep's directory: its jobs are the runs
+            raise FileNotFoundError(
+                f"{run_dir} is a sweep's directory, not a run's: evaluate one of its "
+                f"{len(jobs)} jobs, e.g. python -m metalearn.evaluate {jobs[0]}"
+            )
         raise FileNotFoundError(f"{path} not found: is {run_dir!r} a metalearn run directory?")
     try:
         saved = OmegaConf.load(path)
@@ -97,6 +103,22 @@ def load_run_config(run_dir: str, overrides: list[str]) -> Config:
     raise ValueError(
         f"{wrong}: check the overrides ({' '.join(overrides) or 'none'}) against the keys in {path}"
     )
+
+
+def sweep_jobs(directory: str) -> list[str]:
+    """The run directories directly under ``directory`` (a sweep's jobs: each has a
+    ``config.yaml``), in their numeric order.
+
+    >>> sweep_jobs("/nonexistent")
+    []
+    """
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    jobs = [n for n in names if os.path.isfile(os.path.join(directory, n, "config.yaml"))]
+    jobs.sort(key=lambda n: (int(n.split("_")[0]) if n.split("_")[0].isdigit() else 1 << 62, n))
+    return [os.path.join(directory, n) for n in jobs]
 
 
 # The config's fixed sections (trainer, eval, ...) by their schema, and all its sections (those

@@ -274,6 +274,21 @@ def test_evaluate_with_an_empty_or_half_written_config(run_config_dir, tmp_path,
     error_line(result, str(tmp_path / "config.yaml"), "empty or half-written", "recreate it")
 
 
+def test_evaluate_on_a_sweep_directory_names_its_jobs(run_config_dir, tmp_path):
+    # It said "config.yaml not found: is DIR a metalearn run directory?" (it is, in a way).
+    (tmp_path / "multirun.yaml").write_text("hydra: {}\n")
+    (tmp_path / "3_unfinished").mkdir()
+    for job in ("10_seed=10", "2_seed=2"):
+        (tmp_path / job).mkdir()
+        (tmp_path / job / "config.yaml").write_text((run_config_dir / "config.yaml").read_text())
+    with pytest.raises(FileNotFoundError) as refused:
+        load_run_config(str(tmp_path), [])
+    assert str(refused.value) == (
+        f"{tmp_path} is a sweep's directory, not a run's: evaluate one of its 2 jobs, e.g. "
+        f"python -m metalearn.evaluate {tmp_path / '2_seed=2'}"
+    )
+
+
 def test_evaluate_reads_a_config_saved_before_keys_were_renamed(run_config_dir, tmp_path):
     saved = OmegaConf.load(run_config_dir / "config.yaml")
     saved.algorithm.num_steps = 3  # the spellings before the rename, as old runs saved them

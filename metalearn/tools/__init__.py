@@ -74,6 +74,47 @@ def require_matplotlib() -> ModuleType:
     return matplotlib
 
 
+def is_number(value: object) -> bool:
+    """An int or float as JSON gives them (``True`` is not a number here).
+
+    >>> is_number(0.5), is_number(True), is_number("1")
+    (True, False, False)
+    """
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def check_eval_record(record: object) -> None:
+    """Raise ValueError (a phrase to put after the file's name) unless ``record`` reads as one
+    record of ``eval.json`` (or of ``metrics.jsonl``'s ``eval`` list): a metric name, counts of
+    shots and inner steps, and numbers or null where the evaluation writes numbers. The one
+    check of what ``collect_sweep``, ``plot_rl_returns`` and ``plot_learning_curves`` read; a
+    file edited by hand was tabulated as it was, or a TypeError traceback.
+
+    >>> check_eval_record({"metric": "mse", "shots": 5, "steps": 10, "mean": 0.35, "ci95": None})
+    >>> check_eval_record({"metric": "mse", "shots": 5, "steps": 10, "mean": "0.35"})
+    Traceback (most recent call last):
+    ValueError: a record with mean '0.35', not a number or null
+    """
+    if not isinstance(record, dict) or not {"metric", "shots", "steps", "mean"} <= record.keys():
+        raise ValueError(f"a record without metric, shots, steps and mean: {record!r}")
+    if not isinstance(record["metric"], str):
+        raise ValueError(f"a record with metric {record['metric']!r}, not a metric's name")
+    for key in ("shots", "steps", "ways", "tasks", "diverged", "nonfinite"):
+        value = record.get(key, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"a record with {key} {value!r}, not a count (0, 1, 2, ...)")
+    for key in ("mean", "ci95", "median", "change", "change_ci95"):
+        value = record.get(key)
+        if value is not None and not is_number(value):
+            raise ValueError(f"a record with {key} {value!r}, not a number or null")
+    bounds = record.get("median_ci95", [None, None])
+    if not isinstance(bounds, list) or len(bounds) != 2:
+        raise ValueError(f"a record with median_ci95 {bounds!r}, not a pair [low, high]")
+    for value in bounds:
+        if value is not None and not is_number(value):
+            raise ValueError(f"a record with median_ci95 {bounds!r}, not numbers or null")
+
+
 # What a run or sweep directory holds that a tool's output must never replace: its records (by
 # name, in a directory that holds a run) and the stores of Hydra, the checkpoints and TensorBoard.
 RUN_RECORDS = (

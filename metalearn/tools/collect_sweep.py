@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from metalearn.runner.sweeps import read_status, status_record
-from metalearn.tools import OneLineParser, check_output_file
+from metalearn.tools import OneLineParser, check_eval_record, check_output_file
 
 RECORD_COLUMNS = [
     "metric",
@@ -66,8 +66,10 @@ def read_records(run_dir: Path) -> tuple[list[dict], str]:
         return [], "unfinished (no eval.json)"
     try:
         records = json.loads(eval_path.read_text())
-        if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        if not isinstance(records, list):
             raise ValueError("not a list of records")
+        for record in records:  # a mean of "0.35" was tabulated as it was
+            check_eval_record(record)
     except (OSError, ValueError) as err:  # json.JSONDecodeError is a ValueError
         return [], f"unreadable eval.json ({str(err).splitlines()[0]})"
     if not records:  # the run was left out of the table without a word

@@ -17,7 +17,14 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from metalearn.tools import OneLineParser, check_image_out, exit_status, require_matplotlib
+from metalearn.tools import (
+    OneLineParser,
+    check_eval_record,
+    check_image_out,
+    exit_status,
+    is_number,
+    require_matplotlib,
+)
 
 require_matplotlib()  # the plot extra: one line and exit 2 without it
 import matplotlib.pyplot as plt  # noqa: E402
@@ -74,14 +81,10 @@ def read_metrics(run_dir: Path) -> tuple[dict[str, list], dict[tuple, list]]:
     return train, val
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
 def check_record(record: dict) -> None:
     """Raise ValueError unless ``record`` has a step count, numbers (or null) as training
-    metrics and a list of evaluation entries (metric, shots, steps; mean and ci95 numbers or
-    null): what the plot reads. Each was a TypeError or KeyError traceback.
+    metrics and a list of evaluation records (:func:`metalearn.tools.check_eval_record`):
+    what the plot reads. Each was a TypeError or KeyError traceback.
 
     >>> check_record({"split": "train", "step": 1, "train/mse": "x"})
     Traceback (most recent call last):
@@ -91,17 +94,13 @@ def check_record(record: dict) -> None:
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ValueError(f"step is {step!r}, not a count of meta-steps")
     for key, value in record.items():
-        if key.startswith("train/") and value is not None and not _is_number(value):
+        if key.startswith("train/") and value is not None and not is_number(value):
             raise ValueError(f"{key} is {value!r}, not a number")
     entries = record.get("eval", [])
     if not isinstance(entries, list):
         raise ValueError(f"eval is {entries!r}, not a list of evaluation records")
     for entry in entries:
-        if not isinstance(entry, dict) or not {"metric", "shots", "steps"} <= entry.keys():
-            raise ValueError(f"an eval entry without metric, shots and steps: {entry!r}")
-        for key in ("mean", "ci95"):
-            if entry.get(key) is not None and not _is_number(entry[key]):
-                raise ValueError(f"an eval entry with {key} {entry[key]!r}, not a number or null")
+        check_eval_record(entry)
 
 
 def axis_scale(values: list[float]) -> str:

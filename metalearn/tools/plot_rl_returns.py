@@ -19,7 +19,13 @@ import math
 import sys
 from pathlib import Path
 
-from metalearn.tools import OneLineParser, check_image_out, exit_status, require_matplotlib
+from metalearn.tools import (
+    OneLineParser,
+    check_eval_record,
+    check_image_out,
+    exit_status,
+    require_matplotlib,
+)
 
 require_matplotlib()  # the plot extra: one line and exit 2 without it
 import matplotlib.pyplot as plt  # noqa: E402
@@ -42,14 +48,10 @@ def read_returns(run: Path) -> list[tuple[int, float | None, float | None]]:
         if not isinstance(records, list):
             kind = {dict: "object", str: "string"}.get(type(records), "scalar")
             raise ValueError(f"a JSON {kind}, not a list")
-        if not all(
-            isinstance(r, dict) and {"metric", "steps", "mean"} <= r.keys() for r in records
-        ):
-            raise ValueError("a record without metric, steps and mean")
-        metrics = sorted({str(r["metric"]) for r in records})
-        records = [r for r in records if r["metric"] == METRIC]
         for r in records:
-            check_values(r)
+            check_eval_record(r)
+        metrics = sorted({r["metric"] for r in records})
+        records = [r for r in records if r["metric"] == METRIC]
     except (OSError, ValueError) as err:  # json.JSONDecodeError is a ValueError
         raise ValueError(
             f"{path} is not an eval.json list of records ({str(err).splitlines()[0]}); give a "
@@ -68,25 +70,6 @@ def read_returns(run: Path) -> list[tuple[int, float | None, float | None]]:
 
 def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
-
-
-def check_values(record: dict) -> None:
-    """Raise ValueError unless ``steps`` is a count of inner steps and ``mean`` and ``ci95`` are
-    numbers or null (``ci95`` may be absent).
-
-    >>> check_values({"steps": 1, "mean": "x"})
-    Traceback (most recent call last):
-    ValueError: a record with mean 'x', not a number or null
-    """
-    steps = record["steps"]
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
-        raise ValueError(
-            f"a record with steps {steps!r}, not a number of inner steps (0, 1, 2, ...)"
-        )
-    for key in ("mean", "ci95"):
-        value = record.get(key)
-        if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)):
-            raise ValueError(f"a record with {key} {value!r}, not a number or null")
 
 
 def default_label(run: Path) -> str:

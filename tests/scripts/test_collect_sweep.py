@@ -2,6 +2,10 @@
 
 import json
 
+import pytest
+
+from metalearn.tools import check_eval_record
+from metalearn.tools.collect_sweep import collect
 from tests.cli import error_line, run_tool
 
 
@@ -122,3 +126,38 @@ def test_a_malformed_earlier_record_or_an_empty_eval_json_is_no_traceback(tmp_pa
     assert f"{empty}: eval.json holds no records" in result.stdout
     missing = run_tool("collect_sweep", str(tmp_path / "nowhere"))
     error_line(missing, "nowhere does not exist", "give a sweep's output directory")
+
+
+@pytest.mark.parametrize(
+    "key, value, fragment",
+    [
+        ("mean", "0.35", "mean '0.35', not a number or null"),
+        ("ci95", [0.1], "ci95 [0.1], not a number or null"),
+        ("steps", -1, "steps -1, not a count"),
+        ("shots", 5.0, "shots 5.0, not a count"),
+        ("diverged", True, "diverged True, not a count"),
+        ("metric", 3, "metric 3, not a metric's name"),
+        ("median_ci95", [0.1], "median_ci95 [0.1], not a pair"),
+        ("median_ci95", ["a", None], "median_ci95 ['a', None], not numbers or null"),
+    ],
+)
+def test_a_hand_edited_record_is_listed_not_tabulated(tmp_path, key, value, fragment):
+    # A mean of "0.35" was tabulated as it was, beside the numbers of the other runs.
+    good = _run(tmp_path, "0_lr=0.1", "- optimizer.lr=0.1\n", mean=0.25)
+    bad = _run(tmp_path, "1_lr=0.2", "- optimizer.lr=0.2\n")
+    record = {**json.loads((bad / "eval.json").read_text())[0], key: value}
+    (bad / "eval.json").write_text(json.dumps([record]))
+    rows, missing, _ = collect(tmp_path)
+    assert [(row["run"], row["mean"]) for row in rows] == [(good.name, 0.25)]
+    assert len(missing) == 1 and missing[0][0] == bad
+    assert missing[0][1].startswith("unreadable eval.json (a record with ")
+    assert fragment in missing[0][1]
+
+
+def test_the_records_a_run_writes_pass_the_check():
+    record = {"metric": "return", "shots": 1, "steps": 1, "ways": 5, "mean": -17.0, "ci95": None}
+    record |= {"median": -16, "median_ci95": [None, -15.5], "change": 3.2, "change_ci95": 1.1}
+    record |= {"diverged": 0, "nonfinite": 0, "tasks": 40}
+    check_eval_record(record)
+    with pytest.raises(ValueError, match="without metric, shots, steps and mean"):
+        check_eval_record({"metric": "mse", "shots": 5, "steps": 1})

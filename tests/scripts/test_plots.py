@@ -307,7 +307,7 @@ def test_a_tool_called_wrongly_says_so_in_one_line(tool, args):
         ("bytes", ["metrics.jsonl cannot be read (UnicodeDecodeError"]),
         ("string", ["metrics.jsonl, line 2", "train/loss is 'x', not a number"]),
         ("eval", ["metrics.jsonl, line 2", "eval is 5, not a list"]),
-        ("entry", ["metrics.jsonl, line 2", "an eval entry without metric, shots and steps"]),
+        ("entry", ["metrics.jsonl, line 2", "a record without metric, shots, steps and mean"]),
     ],
 )
 def test_learning_curves_on_a_damaged_metrics_file(tmp_path, damage, fragments):
@@ -386,6 +386,7 @@ def test_rl_returns_with_a_nan_an_empty_label_or_a_supervised_run(tmp_path):
     # A supervised run among RL ones: the line now says which metrics it has, and what to use.
     sin = tmp_path / "sin"
     sin.mkdir()
-    (sin / "eval.json").write_text(json.dumps([{"metric": "mse", "steps": 0, "mean": 1.0}]))
+    mse = {"metric": "mse", "shots": 5, "steps": 0, "mean": 1.0}
+    (sin / "eval.json").write_text(json.dumps([mse]))
     result = run_tool("plot_rl_returns", str(run), str(sin), "--out", str(out))
     error_line(result, "no 'return' records (its metrics: mse)", "plot_learning_curves")
