@@ -35,7 +35,7 @@ from tqdm import tqdm
 from metalearn.config import GROUPS, Config, check_writable_file, rename_old_keys, to_objects
 from metalearn.config_errors import composition_error_message
 from metalearn.data.sources import one_line
-from metalearn.registry import load_plugins
+from metalearn.registry import load_plugins, user_code_error
 from metalearn.runner.compilation_cache import enable_compilation_cache
 from metalearn.runner.cpu_backend import schedule_lapack_calls_serially
 from metalearn.runner.devices import out_of_memory_message
@@ -305,6 +305,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    except Exception as err:  # raised in a researcher's own registered code: one line
+        if user_code_error(err) is None:
+            raise
+        print(f"error: {user_code_error(err)}", file=sys.stderr)
+        sys.exit(2)
     replaced = replacement_note(out, args.overrides)
     if replaced:
         print(replaced, file=sys.stderr)
@@ -318,11 +323,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     try:
         records = runner.evaluate(params, "test", num_tasks, on_chunk=progress)
     except Exception as err:
-        out_of_memory = out_of_memory_message(err, "lower eval.tasks_per_call (tasks per call)")
-        if not out_of_memory:
+        message = out_of_memory_message(err, "lower eval.tasks_per_call (tasks per call)")
+        message = message or user_code_error(err)
+        if not message:
             raise
         progress.close()
-        print(f"error: {out_of_memory}", file=sys.stderr)
+        print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
     finally:
         progress.close()

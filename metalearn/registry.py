@@ -9,6 +9,7 @@ signature.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.metadata
@@ -78,11 +79,40 @@ class Registry:
         home of the defaults); any other gets the fields as keyword arguments.
         """
         entry = self.entry(config.name)
-        if "config" in inspect.signature(entry.factory).parameters:
-            return entry.factory(*args, config=config)
-        kwargs = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-        kwargs.pop("name")
+        signature = inspect.signature(entry.factory)
+        if "config" in signature.parameters:
+            kwargs = {"config": config}
+        else:
+            kwargs = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+            kwargs.pop("name")
+        try:  # a factory of a researcher's own that the runner cannot call was a traceback
+            signature.bind(*args, **kwargs)
+        except TypeError as err:
+            shown = ", ".join([*(f"<{type(a).__name__}>" for a in args), "config=..."])
+            raise ValueError(
+                f"{self.kind} {config.name!r}: its factory {_origin(entry.factory)}{signature} "
+                f"cannot be called as {entry.factory.__name__}({shown}) ({err}); give it "
+                "those parameters, as in docs/extending.md"
+            ) from None
         return entry.factory(*args, **kwargs)
+
+    def outside_origin(self, name: str) -> str | None:
+        """``module.factory`` of ``name`` when it was registered from outside metalearn."""
+        entry = self._entries.get(name)
+        if entry is None or entry.factory.__module__.startswith("metalearn."):
+            return None
+        return _origin(entry.factory)
+
+    def outside_files(self) -> set[str]:
+        """The source files of the entries registered from outside metalearn (a researcher's
+        own modules): their factories' and config classes'."""
+        files = set()
+        for entry in self._entries.values():
+            for part in (entry.factory, entry.config_cls):
+                if not part.__module__.startswith("metalearn."):
+                    with contextlib.suppress(TypeError, OSError):
+                        files.add(os.path.abspath(inspect.getsourcefile(part) or ""))
+        return files - {os.path.abspath("")}
 
 
 def _origin(factory: Callable) -> str:
@@ -176,3 +206,41 @@ def _located(err: BaseException) -> str:
     if not frames:
         return message
     return f"{message} ({frames[-1].filename}, line {frames[-1].lineno})"
+
+
+def user_code_frame(err: BaseException) -> traceback.FrameSummary | None:
+    """The innermost frame of ``err``'s traceback in a module that registered an algorithm,
+    model or task family from outside metalearn (a researcher's own code), or None: an error
+    raised there (or in library code it called) is the researcher's to fix, told in one line.
+    """
+    files = set().union(*(r.outside_files() for r in (ALGORITHMS, MODELS, TASKS)))
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if f.filename in files]
+    return frames[-1] if frames else None
+
+
+def user_code_error(err: BaseException, selected: dict[str, str] | None = None) -> str | None:
+    """One line for an exception that a researcher's own code raised (:func:`user_code_frame`,
+    naming the file and line) or that was raised while a run used a part registered from
+    outside metalearn (``selected``: the config's ``{"algorithm": name, "model": name, "data":
+    name}``), naming that part; None for any other.
+
+    >>> user_code_error(ValueError("bad"), {"algorithm": "maml"}) is None
+    True
+    """
+    message = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    head = f"{type(err).__name__}: {message}"
+    frame = user_code_frame(err)
+    if frame is not None:
+        return f"{head} (in your code: {frame.filename}, line {frame.lineno}, in {frame.name})"
+    registries = {"algorithm": ALGORITHMS, "model": MODELS, "data": TASKS}
+    own = []
+    for key, name in (selected or {}).items():
+        origin = registries[key].outside_origin(name)
+        if origin is not None:
+            own.append(f"{key}={name} ({origin})")
+    if not own:
+        return None
+    return (
+        f"{head} (raised while the run used your own {', '.join(own)}: check it against "
+        "docs/extending.md)"
+    )

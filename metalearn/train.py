@@ -36,7 +36,7 @@ from metalearn.config import (
 )
 from metalearn.config_errors import composition_error_message, selectable
 from metalearn.data.sources import DataSourceError
-from metalearn.registry import PluginError, load_plugins
+from metalearn.registry import PluginError, load_plugins, user_code_error
 from metalearn.runner.compilation_cache import enable_compilation_cache
 from metalearn.runner.cpu_backend import schedule_lapack_calls_serially, start_cpu_devices
 from metalearn.runner.devices import initialize_distributed, out_of_memory_message
@@ -118,6 +118,15 @@ def main(cfg: DictConfig) -> float | None:
         no_space = no_space_message(err, workdir)
         if no_space:  # TensorBoard's exit handler would flush into the full disk again: skip it
             _failed(workdir, sweep, f"error: {no_space}", 2, exit_now=True)
+        in_user_code = user_code_error(
+            err, {key: cfg[key].get("name") for key in ("algorithm", "model", "data") if key in cfg}
+        )
+        if in_user_code:  # a researcher's own algorithm, model or task family: one line
+            details = traceback.format_exc()
+            with contextlib.suppress(OSError), open(os.path.join(workdir, "error.txt"), "w") as f:
+                f.write(details)
+            message = f"error: {in_user_code}; the traceback is in {workdir}/error.txt"
+            return _failed(workdir, sweep, message, 2, details)
         if not sweep:
             raise
         message = f"error: {type(err).__name__}: {err}".splitlines()[0]

@@ -165,3 +165,60 @@ def test_a_batch_update_of_the_old_signature_is_one_line_naming_the_new_one(plug
         "optimizer, strategy)",
         "it takes (meta_params, opt_state, tasks, keys, optimizer)",
     )
+
+
+# A researcher's mistakes in a part of their own, each a traceback (or, for the regression
+# targets, a silently broadcast loss) before: now one line naming what to fix, the traceback
+# kept in the run's error.txt where one was raised.
+MISTAKES = {
+    "no_config": PLUGIN.replace("config=None, **overrides", "").replace(
+        "c = dataclasses.replace(config or LabFOMAMLConfig(), **overrides)", "c = LabFOMAMLConfig()"
+    ),
+    "returns_none": PLUGIN.replace("return fomaml(", "fomaml("),
+    "raises": PLUGIN.replace("c = dataclasses", "{}['missing']\n    c = dataclasses"),
+}
+
+
+@pytest.mark.parametrize(
+    "mistake, fragments",
+    [
+        (
+            "no_config",
+            [
+                "algorithm 'lab_fomaml': its factory mistaken.lab_fomaml(objective) cannot be",
+                "called as lab_fomaml(<Objective>, config=...)",
+                "docs/extending.md",
+            ],
+        ),
+        (
+            "returns_none",
+            [
+                "algorithm=lab_fomaml: its factory returned NoneType, not a "
+                "metalearn.algorithms.base.MetaLearner"
+            ],
+        ),
+        ("raises", ["KeyError: 'missing' (in your code: ", "mistaken.py, line ", "error.txt"]),
+    ],
+)
+def test_a_mistake_in_a_researchers_own_algorithm_is_one_line(tmp_path, mistake, fragments):
+    (tmp_path / "mistaken.py").write_text(MISTAKES[mistake])
+    run_dir = tmp_path / "run"
+    env = {"PYTHONPATH": str(tmp_path), "METALEARN_PLUGINS": "mistaken"}
+    result = run_cli(*TINY, "algorithm=lab_fomaml", f"hydra.run.dir={run_dir}", env=env)
+    error_line(result, *fragments)
+    if mistake == "raises":  # nothing lost: the traceback is where the line says
+        assert "KeyError: 'missing'" in (run_dir / "error.txt").read_text()
+
+
+def test_targets_that_would_broadcast_against_the_outputs_are_refused():
+    # Outputs (n, 1) against targets (n,) made the mean squared error an (n, n) mean, silently.
+    import jax.numpy as jnp
+
+    from metalearn.data.task import supervised_loss_and_metrics
+
+    with pytest.raises(ValueError, match=r"outputs have shape \(4, 1\) and the task's targets"):
+        supervised_loss_and_metrics("regression", jnp.zeros((4, 1)), (None, jnp.zeros(4)))
+    with pytest.raises(ValueError, match=r"labels \(4, 3\) \(float32\)"):
+        supervised_loss_and_metrics("classification", jnp.zeros((4, 3)), (None, jnp.zeros((4, 3))))
+    loss, _ = supervised_loss_and_metrics("regression", jnp.ones((4, 1)), (None, jnp.zeros((4, 1))))
+    assert float(loss) == 1.0

@@ -157,6 +157,35 @@ def mask_absent_classes(logits: jax.Array, labels: jax.Array, weights: jax.Array
     return jnp.where(present, logits, -jnp.inf)
 
 
+def check_output_shapes(kind: str, outputs: jax.Array, targets: jax.Array) -> None:
+    """ValueError (one line) unless a supervised ``kind``'s model ``outputs`` and task
+    ``targets`` fit without broadcasting: equal shapes for regression (outputs ``(n, 1)``
+    against targets ``(n,)`` made the mean squared error an ``(n, n)`` mean, silently), integer
+    labels of the logits' leading shape for classification. Shapes are static: this costs
+    nothing in the compiled step.
+
+    >>> check_output_shapes("regression", jnp.zeros((10, 1)), jnp.zeros(10))
+    Traceback (most recent call last):
+    ...
+    ValueError: regression: the model's outputs have shape (10, 1) and the task's targets (10,); ...
+    """
+    outputs_shape, targets_shape = tuple(outputs.shape), tuple(targets.shape)
+    if kind == "regression" and outputs_shape != targets_shape:
+        raise ValueError(
+            f"regression: the model's outputs have shape {outputs_shape} and the task's targets "
+            f"{targets_shape}; the squared error would broadcast them: make them the same shape "
+            "(the task family's targets, or the model's number of outputs)"
+        )
+    if kind == "classification" and (
+        outputs_shape[:-1] != targets_shape or not jnp.issubdtype(targets.dtype, jnp.integer)
+    ):
+        raise ValueError(
+            f"classification: the model's logits have shape {outputs_shape} and the task's "
+            f"labels {targets_shape} ({targets.dtype}); labels are class indices, integers of "
+            "shape logits.shape[:-1]"
+        )
+
+
 def supervised_loss_and_metrics(kind: str, outputs: jax.Array, batch) -> tuple[jax.Array, Metrics]:
     """``(loss, metrics)`` of a supervised ``kind`` on ``batch``: plain means for
     ``(inputs, targets)``, means over the real examples for a :class:`WeightedBatch`.
@@ -169,6 +198,7 @@ def supervised_loss_and_metrics(kind: str, outputs: jax.Array, batch) -> tuple[j
     """
     output_loss, metrics_fn, _, _ = SUPERVISED[kind]
     targets = batch[1]
+    check_output_shapes(kind, outputs, targets)
     if not isinstance(batch, WeightedBatch):
         return output_loss(outputs, targets), metrics_fn(outputs, targets)
     if kind == "classification":

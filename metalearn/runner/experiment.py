@@ -308,6 +308,11 @@ def build_experiment(cfg: Config) -> Experiment:
     model = build_model(cfg.model, tasks, cfg.data.name)
     objective = family_objective(tasks, model)
     learner = ALGORITHMS.build(cfg.algorithm, objective)
+    if not isinstance(learner, MetaLearner):  # None: an AttributeError traceback, later
+        raise ValueError(
+            f"algorithm={cfg.algorithm.name}: its factory returned {type(learner).__name__}, "
+            "not a metalearn.algorithms.base.MetaLearner; return one (docs/extending.md)"
+        )
     check_batch_update(learner, cfg.algorithm.name)
     optimizer = build_optimizer(cfg.optimizer, cfg.trainer.meta_steps)
     root = jax.random.key(cfg.seed)
