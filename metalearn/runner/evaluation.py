@@ -226,9 +226,22 @@ def evaluate_split(
 def selection_score(records: list[dict], objective: Any, shots: int) -> float:
     """The objective's primary metric at the training shot count and the most inner steps
     evaluated, signed so that higher is better (``objective``: any object with
-    ``primary_metric`` and ``maximize``, e.g. :class:`metalearn.data.task.Objective`)."""
+    ``primary_metric`` and ``maximize``, e.g. :class:`metalearn.data.task.Objective`).
+
+    >>> from types import SimpleNamespace
+    >>> selection_score([{"metric": "reward"}], SimpleNamespace(primary_metric="return"), 1)
+    Traceback (most recent call last):
+    ...
+    ValueError: the objective's primary metric 'return' is not among the metrics ... (reward); ...
+    """
     metric = objective.primary_metric
     candidates = [r for r in records if r["metric"] == metric]
+    if not candidates:  # it was "max() arg is an empty sequence"
+        found = ", ".join(sorted({r["metric"] for r in records})) or "none"
+        raise ValueError(
+            f"the objective's primary metric {metric!r} is not among the metrics its evaluation "
+            f"returns ({found}); return {metric!r}, or name one of those as its primary_metric"
+        )
     chosen = max(candidates, key=lambda r: (r["shots"] == shots, r["steps"]))
     if chosen["mean"] is None or chosen["nonfinite"]:
         return -math.inf  # a diverging model is never the best
