@@ -33,7 +33,7 @@ import metalearn.rl  # noqa: F401  (registers the RL task family, policy model a
 from metalearn.config_errors import SCHEMA_SUFFIX, unknown_key_message, unknown_keys
 from metalearn.core.batching import TASK_BATCHING, is_task_batching
 from metalearn.data.sources import file_in_the_way
-from metalearn.registry import ALGORITHMS, MODELS, TASKS, Registry
+from metalearn.registry import GROUPS
 
 
 @dataclasses.dataclass
@@ -112,9 +112,6 @@ class Config:
     seed: int = 0
     name: str = "run"
     run_name: str = ""  # name plus what the command line changed (conf/config.yaml); the run dir
-
-
-GROUPS: dict[str, Registry] = {"algorithm": ALGORITHMS, "model": MODELS, "data": TASKS}
 
 
 # Config groups whose choice on the command line becomes part of the run name.

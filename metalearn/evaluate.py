@@ -306,9 +306,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     except Exception as err:  # raised in a researcher's own registered code: one line
-        if user_code_error(err) is None:
+        message = user_code_error(err)
+        if message is None:
             raise
-        print(f"error: {user_code_error(err)}", file=sys.stderr)
+        print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
     replaced = replacement_note(out, args.overrides)
     if replaced:

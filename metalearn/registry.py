@@ -111,8 +111,10 @@ class Registry:
             for part in (entry.factory, entry.config_cls):
                 if not part.__module__.startswith("metalearn."):
                     with contextlib.suppress(TypeError, OSError):
-                        files.add(os.path.abspath(inspect.getsourcefile(part) or ""))
-        return files - {os.path.abspath("")}
+                        path = inspect.getsourcefile(part)
+                        if path:
+                            files.add(os.path.abspath(path))
+        return files
 
 
 def _origin(factory: Callable) -> str:
@@ -136,6 +138,7 @@ def with_config(config_cls: type, config: Any, overrides: dict) -> Any:
 ALGORITHMS = Registry("algorithm")
 MODELS = Registry("model")
 TASKS = Registry("task distribution")
+GROUPS: dict[str, Registry] = {"algorithm": ALGORITHMS, "model": MODELS, "data": TASKS}
 
 
 # A researcher's own parts live in modules of their own, which register themselves on import.
@@ -201,11 +204,17 @@ def _import_plugin(name: str, where: str, load: Callable[[], Any]) -> None:
 
 def _located(err: BaseException) -> str:
     """``Type: message (file, line N)``, the frame where ``err`` was raised."""
-    message = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    message = _headline(err)
     frames = traceback.extract_tb(err.__traceback__)
     if not frames:
         return message
     return f"{message} ({frames[-1].filename}, line {frames[-1].lineno})"
+
+
+def _headline(err: BaseException) -> str:
+    """``Type: first line of the message``."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"
 
 
 def user_code_frame(err: BaseException) -> traceback.FrameSummary | None:
@@ -213,7 +222,7 @@ def user_code_frame(err: BaseException) -> traceback.FrameSummary | None:
     model or task family from outside metalearn (a researcher's own code), or None: an error
     raised there (or in library code it called) is the researcher's to fix, told in one line.
     """
-    files = set().union(*(r.outside_files() for r in (ALGORITHMS, MODELS, TASKS)))
+    files = set().union(*(r.outside_files() for r in GROUPS.values()))
     frames = [f for f in traceback.extract_tb(err.__traceback__) if f.filename in files]
     return frames[-1] if frames else None
 
@@ -227,15 +236,13 @@ def user_code_error(err: BaseException, selected: dict[str, str] | None = None) 
     >>> user_code_error(ValueError("bad"), {"algorithm": "maml"}) is None
     True
     """
-    message = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    head = f"{type(err).__name__}: {message}"
+    head = _headline(err)
     frame = user_code_frame(err)
     if frame is not None:
         return f"{head} (in your code: {frame.filename}, line {frame.lineno}, in {frame.name})"
-    registries = {"algorithm": ALGORITHMS, "model": MODELS, "data": TASKS}
     own = []
     for key, name in (selected or {}).items():
-        origin = registries[key].outside_origin(name)
+        origin = GROUPS[key].outside_origin(name)
         if origin is not None:
             own.append(f"{key}={name} ({origin})")
     if not own:

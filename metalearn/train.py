@@ -47,7 +47,7 @@ from metalearn.runner.rundir import (
     no_space_message,
     record_kept_unless_trained,
 )
-from metalearn.runner.sweeps import record_job
+from metalearn.runner.sweeps import ERROR_DETAILS, record_job, write_error_details
 from metalearn.tools import usage_error
 
 # The Hydra configs ship inside the package (metalearn/conf/), so a wheel install runs too.
@@ -123,9 +123,10 @@ def main(cfg: DictConfig) -> float | None:
         )
         if in_user_code:  # a researcher's own algorithm, model or task family: one line
             details = traceback.format_exc()
-            with contextlib.suppress(OSError), open(os.path.join(workdir, "error.txt"), "w") as f:
-                f.write(details)
-            message = f"error: {in_user_code}; the traceback is in {workdir}/error.txt"
+            if not sweep:  # a sweep's job writes it with its status record
+                with contextlib.suppress(OSError):
+                    write_error_details(workdir, details)
+            message = f"error: {in_user_code}; the traceback is in {workdir}/{ERROR_DETAILS}"
             return _failed(workdir, sweep, message, 2, details)
         if not sweep:
             raise

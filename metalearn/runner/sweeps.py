@@ -21,6 +21,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 STATUS = "status.json"
+ERROR_DETAILS = "error.txt"
 
 
 def record_job(
@@ -35,8 +36,7 @@ def record_job(
     """
     os.makedirs(workdir, exist_ok=True)
     if details:
-        with open(os.path.join(workdir, "error.txt"), "w") as f:
-            f.write(details)
+        write_error_details(workdir, details)
     record = {"status": status, "exit_code": exit_code, "message": message, "time": time.time()}
     path = os.path.join(workdir, STATUS)
     if status == "refused":  # the job's directory is as it was: so is its earlier record
@@ -46,6 +46,13 @@ def record_job(
     with open(path + ".tmp", "w") as f:
         json.dump(record, f, indent=1)
     os.replace(path + ".tmp", path)
+
+
+def write_error_details(workdir: str, details: str) -> None:
+    """Write ``details`` (a traceback) to ``workdir/error.txt``, where a failed job keeps it."""
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, ERROR_DETAILS), "w") as f:
+        f.write(details)
 
 
 def read_status(job_dir: Path) -> dict | None:

@@ -83,6 +83,15 @@ def is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def is_count(value: object) -> bool:
+    """A non-negative int as JSON gives it (0, 1, 2, ...; ``True`` is not one).
+
+    >>> is_count(3), is_count(-1), is_count(2.0), is_count(True)
+    (True, False, False, False)
+    """
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def check_eval_record(record: object) -> None:
     """Raise ValueError (a phrase to put after the file's name) unless ``record`` reads as one
     record of ``eval.json`` (or of ``metrics.jsonl``'s ``eval`` list): a metric name, counts of
@@ -101,7 +110,7 @@ def check_eval_record(record: object) -> None:
         raise ValueError(f"a record with metric {record['metric']!r}, not a metric's name")
     for key in ("shots", "steps", "ways", "tasks", "diverged", "nonfinite"):
         value = record.get(key, 0)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        if not is_count(value):
             raise ValueError(f"a record with {key} {value!r}, not a count (0, 1, 2, ...)")
     for key in ("mean", "ci95", "median", "change", "change_ci95"):
         value = record.get(key)

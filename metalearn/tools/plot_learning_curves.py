@@ -22,6 +22,7 @@ from metalearn.tools import (
     check_eval_record,
     check_image_out,
     exit_status,
+    is_count,
     is_number,
     require_matplotlib,
 )
@@ -91,7 +92,7 @@ def check_record(record: dict) -> None:
     ValueError: train/mse is 'x', not a number
     """
     step = record["step"]
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+    if not is_count(step):
         raise ValueError(f"step is {step!r}, not a count of meta-steps")
     for key, value in record.items():
         if key.startswith("train/") and value is not None and not is_number(value):
