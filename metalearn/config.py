@@ -18,6 +18,8 @@ import importlib.resources
 import math
 import os
 import sys
+import types
+import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -137,6 +139,7 @@ def register_configs() -> None:
             store.store(group=group, name=f"{name}{SCHEMA_SUFFIX}", node=schema)
             if not _has_yaml(group, name):  # selectable as group=NAME without a YAML
                 node = OmegaConf.structured(schema)
+                OmegaConf.set_readonly(node, False)  # a frozen dataclass's is read-only
                 node.name = name
                 store.store(group=group, name=name, node=node)
 
@@ -262,7 +265,44 @@ def _group_object(group: str, node: DictConfig) -> Any:
     if "name" not in node:
         raise ValueError(f"{group} config has no 'name'; pick one of {registry.names()}")
     schema = registry.entry(node.name).config_cls
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), node))
+    return with_tuples(OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), node)))
+
+
+def with_tuples(config: Any) -> Any:
+    """``config`` (a dataclass, changed in place) with the lists that OmegaConf made of its
+    fields typed ``tuple`` turned back into tuples, in nested dataclasses too: a researcher's
+    ``sizes: tuple[int, ...] = (40, 40)`` arrived as ``[40, 40]``, unequal to ``(40, 40)``
+    and unhashable.
+
+    >>> @dataclasses.dataclass
+    ... class Demo:
+    ...     sizes: tuple[int, ...] = (40, 40)
+    ...     names: list[str] = dataclasses.field(default_factory=list)
+    >>> with_tuples(OmegaConf.to_object(OmegaConf.structured(Demo)))
+    Demo(sizes=(40, 40), names=[])
+    """
+    try:
+        hints = typing.get_type_hints(type(config))
+    except Exception:  # an annotation that does not resolve: leave the fields as they are
+        hints = {}
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            with_tuples(value)
+        elif isinstance(value, list) and _is_tuple_type(hints.get(field.name)):
+            object.__setattr__(config, field.name, tuple(value))  # frozen dataclasses too
+    return config
+
+
+def _is_tuple_type(hint: Any) -> bool:
+    """Whether ``hint`` is ``tuple``, ``tuple[...]`` or a union with one (``tuple | None``)."""
+    if hint is tuple or typing.get_origin(hint) is tuple:
+        return True
+    return any(_is_tuple_type(arg) for arg in typing.get_args(hint)) if _is_union(hint) else False
+
+
+def _is_union(hint: Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType)
 
 
 OPTIMIZERS = ("adam", "adamw", "sgd")

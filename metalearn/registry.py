@@ -15,6 +15,7 @@ import importlib
 import importlib.metadata
 import inspect
 import os
+import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,8 @@ class Entry:
     config_cls: type
     factory: Callable[..., Any]
     info: dict = dataclasses.field(default_factory=dict)  # declarations, e.g. a model's parts
+    # The spec of the factory's module when it registered: a reload gives the module a new one.
+    module_spec: Any = None
 
 
 class Registry:
@@ -43,20 +46,31 @@ class Registry:
         ``outer_step_settings(config) -> str | None``, the settings it uses instead).
 
         A name is registered once: another factory under a known name (a researcher's module
-        registering ``"maml"``, say) is refused, so it never replaces a part silently.
+        registering ``"maml"``, say, or registering one name twice) is refused, so it never
+        replaces a part silently. Only a reload of the module that registered it (or a
+        notebook cell run again) registers it anew. The config class must be a Hydra schema
+        (:func:`check_schema`).
         """
         fields = {f.name for f in dataclasses.fields(config_cls)}
         if "name" not in fields:
             raise TypeError(f"{config_cls.__name__} needs a 'name' field")
+        check_schema(config_cls, f"{self.kind} {name!r}")
 
         def decorate(factory: Callable) -> Callable:
+            spec = getattr(sys.modules.get(factory.__module__), "__spec__", None)
             known = self._entries.get(name)
-            if known is not None and _origin(known.factory) != _origin(factory):  # not a reload
+            if known is not None and _origin(known.factory) != _origin(factory):
                 raise ValueError(
                     f"{self.kind} {name!r} is already registered by {_origin(known.factory)}; "
                     f"register {_origin(factory)} under another name"
                 )
-            self._entries[name] = Entry(config_cls, factory, dict(info))
+            if known is not None and spec is not None and known.module_spec is spec:
+                raise ValueError(  # the same module, not reloaded: a copy registered twice
+                    f"{self.kind} {name!r} is registered twice by {_origin(factory)} (lines "
+                    f"{_first_line(known.factory)} and {_first_line(factory)} of "
+                    f"{factory.__module__}); give one of them another name"
+                )
+            self._entries[name] = Entry(config_cls, factory, dict(info), spec)
             return factory
 
         return decorate
@@ -119,6 +133,40 @@ class Registry:
 
 def _origin(factory: Callable) -> str:
     return f"{factory.__module__}.{factory.__qualname__}"
+
+
+def _first_line(factory: Callable) -> int | str:
+    code = getattr(factory, "__code__", None)
+    return code.co_firstlineno if code is not None else "?"
+
+
+def check_schema(config_cls: type, part: str) -> None:
+    """TypeError (one line) unless ``config_cls`` can be a Hydra schema: each field of a type
+    OmegaConf holds (``str``, ``int``, ``float``, ``bool``, an enum, a dataclass, lists, tuples
+    and dicts of them, or ``Any``). A field typed ``Callable`` or a class of one's own was a
+    traceback when the configs were registered, ending every command of the installation.
+
+    >>> @dataclasses.dataclass
+    ... class Bad:
+    ...     name: str = "bad"
+    ...     schedule: Callable | None = None
+    >>> check_schema(Bad, "algorithm 'bad'")
+    Traceback (most recent call last):
+    ...
+    TypeError: algorithm 'bad': its config class Bad cannot be a Hydra schema: field 'schedule': ...
+    """
+    from omegaconf import OmegaConf  # noqa: PLC0415 (the registries import without it)
+
+    try:
+        OmegaConf.structured(config_cls)
+    except Exception as err:  # OmegaConf's errors, or a NameError of an annotation
+        field = getattr(err, "full_key", None)
+        where = f"field {field!r}: " if field else ""
+        raise TypeError(
+            f"{part}: its config class {config_cls.__name__} cannot be a Hydra schema: {where}"
+            f"{_headline(err).split(': ', 1)[-1]}; type its fields str, int, float, bool, "
+            "lists, tuples, dicts or dataclasses, and build anything else in the factory"
+        ) from None
 
 
 def with_config(config_cls: type, config: Any, overrides: dict) -> Any:
@@ -202,13 +250,21 @@ def _import_plugin(name: str, where: str, load: Callable[[], Any]) -> None:
         raise PluginError(f"{where}: importing {name!r} failed: {_located(err)}") from None
 
 
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
 def _located(err: BaseException) -> str:
-    """``Type: message (file, line N)``, the frame where ``err`` was raised."""
+    """``Type: message (file, line N)``: the innermost frame of ``err`` outside metalearn (the
+    line of the importing module that called into it), else the frame that raised it."""
     message = _headline(err)
     frames = traceback.extract_tb(err.__traceback__)
-    if not frames:
-        return message
-    return f"{message} ({frames[-1].filename}, line {frames[-1].lineno})"
+    outside = [
+        f
+        for f in frames
+        if not f.filename.startswith(("<", PACKAGE_DIR + os.sep))  # "<frozen importlib...>"
+    ]
+    frame = (outside or frames or [None])[-1]
+    return message if frame is None else f"{message} ({frame.filename}, line {frame.lineno})"
 
 
 def _headline(err: BaseException) -> str:

@@ -297,7 +297,7 @@ def test_second_order_meta_gradient_matches_finite_differences():
 
 def test_model_resnet12_composes_and_builds():
     cfg = to_objects(compose_config(["data=miniimagenet", "model=resnet12"]))
-    assert cfg.model.filters == [64, 160, 320, 640]
+    assert cfg.model.filters == (64, 160, 320, 640)  # typed tuple: not the list OmegaConf made
     net = MODELS.build(cfg.model, 5)
     assert isinstance(net, ResNet12) and net.filters == (64, 160, 320, 640)
     assert (net.readout, net.drop_rate, net.dropblock_size) == ("mean", 0.1, 5)

@@ -28,10 +28,10 @@ def test_every_experiment_composes_and_validates(experiment):
 
 def test_sinusoid_maml_is_the_papers_setup():
     cfg = to_objects(compose_config(["+experiment=sinusoid_maml"]))
-    assert cfg.data.amplitude_range == [0.1, 5.0]
-    assert cfg.data.phase_range == pytest.approx([0.0, 3.14159265])
-    assert cfg.data.input_range == [-5.0, 5.0]
-    assert cfg.model.hidden_sizes == [40, 40] and cfg.model.activation == "relu"
+    assert cfg.data.amplitude_range == (0.1, 5.0)
+    assert cfg.data.phase_range == pytest.approx((0.0, 3.14159265))
+    assert cfg.data.input_range == (-5.0, 5.0)
+    assert cfg.model.hidden_sizes == (40, 40) and cfg.model.activation == "relu"
     # cbfinn/maml: tf.truncated_normal(stddev=0.01) weights (maml.py), update_lr 1e-3 (main.py).
     assert (cfg.model.kernel_init, cfg.model.kernel_std) == ("truncated_normal", 0.01)
     assert (cfg.trainer.shots, cfg.data.num_queries) == (10, 10)
