@@ -325,7 +325,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         records = runner.evaluate(params, "test", num_tasks, on_chunk=progress)
     except Exception as err:
         message = out_of_memory_message(err, "lower eval.tasks_per_call (tasks per call)")
-        message = message or user_code_error(err)
+        parts = {key: getattr(cfg, key).name for key in ("algorithm", "model", "data")}
+        message = message or user_code_error(err, parts)
         if not message:
             raise
         progress.close()

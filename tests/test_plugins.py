@@ -7,6 +7,7 @@ import textwrap
 import pytest
 
 from metalearn.registry import ALGORITHMS, PluginError, load_plugins
+from metalearn.runner.rundir import saved_steps
 from tests.cli import TINY, error_line, run_cli
 
 # An algorithm of the researcher's own, in a module outside the package: first-order MAML
@@ -222,3 +223,92 @@ def test_targets_that_would_broadcast_against_the_outputs_are_refused():
         supervised_loss_and_metrics("classification", jnp.zeros((4, 3)), (None, jnp.zeros((4, 3))))
     loss, _ = supervised_loss_and_metrics("regression", jnp.ones((4, 1)), (None, jnp.zeros((4, 1))))
     assert float(loss) == 1.0
+
+
+NUMPY_RANDOM_FAMILY = textwrap.dedent(
+    """
+    import dataclasses
+
+    import jax.numpy as jnp
+    import numpy as np
+
+    from metalearn.data.task import Task, TaskFamily
+    from metalearn.registry import TASKS
+
+
+    @dataclasses.dataclass
+    class LinesConfig:
+        name: str = "np_lines"
+
+
+    @TASKS.register("np_lines", LinesConfig)
+    def np_lines(config=None):
+        def sample(split_arrays, key, shots):
+            slope = np.random.normal()  # once, when traced: every task of every step is this one
+            x = jnp.asarray(np.random.uniform(-1, 1, (shots + 10, 1)), jnp.float32)
+            return Task((x[:shots], slope * x[:shots]), (x[shots:], slope * x[shots:]))
+
+        splits = {"train": {}, "val": {}, "test": {}}
+        return TaskFamily(splits, sample, (1,), num_outputs=1, kind="regression")
+    """
+)
+
+
+def test_a_sampler_drawing_with_numpy_random_is_refused_before_training(tmp_path):
+    # It trained and tested on one task, silently (the step is traced once).
+    (tmp_path / "np_lines.py").write_text(NUMPY_RANDOM_FAMILY)
+    run_dir = tmp_path / "run"
+    env = {"PYTHONPATH": str(tmp_path), "METALEARN_PLUGINS": "np_lines"}
+    result = run_cli(*TINY, "data=np_lines", f"hydra.run.dir={run_dir}", env=env)
+    error_line(
+        result,
+        "data=np_lines: two training tasks sampled at the start are the same task for two "
+        "different keys: draw every random number from the key the sampler is given",
+    )
+    assert saved_steps(str(run_dir)) == []  # refused before the first step
+
+
+EVALUATE_OF_ONE_VALUE = textwrap.dedent(
+    """
+    import dataclasses
+    import os
+
+    from metalearn.algorithms.maml import FOMAMLConfig, fomaml
+    from metalearn.registry import ALGORITHMS
+
+
+    @dataclasses.dataclass
+    class LabFOMAMLConfig(FOMAMLConfig):
+        name: str = "lab_fomaml"
+
+
+    @ALGORITHMS.register("lab_fomaml", LabFOMAMLConfig)
+    def lab_fomaml(objective, config=None):
+        learner = fomaml(objective, FOMAMLConfig(inner_lr=config.inner_lr))
+        if not os.environ.get("ONE_VALUE"):
+            return learner
+
+        def evaluate(params, task, ctx, steps):  # one value, whatever the steps asked for
+            return {k: v[:1] for k, v in learner.evaluate(params, task, ctx, steps).items()}
+
+        return learner._replace(evaluate=evaluate)
+    """
+)
+
+
+def test_evaluate_names_the_researchers_part_when_the_library_fails_on_what_it_returned(tmp_path):
+    # The evaluation phase of `evaluate` gave the library's IndexError as a traceback.
+    (tmp_path / "one_value.py").write_text(EVALUATE_OF_ONE_VALUE)
+    run_dir = tmp_path / "run"
+    env = {"PYTHONPATH": str(tmp_path), "METALEARN_PLUGINS": "one_value"}
+    trained = run_cli(*TINY, "algorithm=lab_fomaml", f"hydra.run.dir={run_dir}", env=env)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    result = run_cli(
+        str(run_dir), "--which", "init", module="metalearn.evaluate", env={**env, "ONE_VALUE": "1"}
+    )
+    error_line(
+        result,
+        "IndexError: ",
+        "(raised while the run used your own algorithm=lab_fomaml (one_value.lab_fomaml): "
+        "check it against docs/extending.md)",
+    )

@@ -109,10 +109,17 @@ class TaskFamily(NamedTuple):
 TaskDistribution = TaskFamily  # the name used before task families had objectives
 
 
-def family_objective(family: TaskFamily, model: Model) -> Objective:
-    """The objective that scores ``model`` on ``family``'s tasks."""
+def family_objective(family: TaskFamily, model: Model, name: str = "the task family") -> Objective:
+    """The objective that scores ``model`` on ``family``'s tasks (``name`` names the family in
+    the error raised when it has neither a supervised ``kind`` nor an ``objective``)."""
     if family.objective is not None:
         return family.objective(model)
+    if family.kind not in SUPERVISED:
+        raise ValueError(
+            f"{name} has kind={family.kind!r} and no objective: a supervised family "
+            f"says kind='regression' or 'classification', any other passes its own "
+            "objective(model) -> Objective (docs/extending.md)"
+        )
     return supervised_objective(model, family.kind)
 
 

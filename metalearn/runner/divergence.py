@@ -1,9 +1,11 @@
-"""Which learning rate made a run diverge: the inner loop's or the outer (meta) optimiser's.
+"""What made a run diverge: the data, the model, the inner loop's rate or the outer one's.
 
-When training produces a NaN, the parameters of the last good checkpoint (or the initial ones)
-are adapted on a few training tasks. If the inner loop already blows the query loss up from
-there, ``algorithm.inner_lr`` is the likely culprit; if it adapts sanely, the outer update is
-(``optimizer.lr``, or gradients that need clipping).
+When training produces a NaN, training tasks are sampled again and checked for non-finite
+values and labels out of range (the data's fault). Then the parameters of the last good
+checkpoint (or the initial ones) are scored on a few training tasks: a query loss non-finite
+before any inner step is the model's (or the loss's) fault. Otherwise they are adapted: if the
+inner loop blows the query loss up from there, ``algorithm.inner_lr`` is the likely culprit; if
+it adapts sanely, the outer update is (``optimizer.lr``, or gradients that need clipping).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from metalearn.data.family_checks import sampled_values_problem
 from metalearn.runner.devices import replicated
 from metalearn.runner.evaluation import evaluation_keys
 from metalearn.runner.experiment import outer_step_settings
@@ -22,6 +25,7 @@ from metalearn.runner.steps import Trained, make_eval_step
 # The inner loop "diverges" when adapting multiplies the mean query loss by more than this.
 BLOW_UP = 10.0
 PROBE_TASKS = 8
+DATA_PROBE_TASKS = 256  # sampled only: their values are checked, no model is run
 
 
 def inner_loop_verdict(before: np.ndarray, after: np.ndarray, steps: int, inner_lr: Any) -> str:
@@ -46,26 +50,48 @@ def inner_loop_verdict(before: np.ndarray, after: np.ndarray, steps: int, inner_
 
 
 def divergence_advice(cfg: Any, exp: Any, train_arrays: Any, mesh: Any, good: Trained) -> str:
-    """What to change after a NaN, judged from ``good`` (the last finite parameters and state)."""
+    """What to change after a NaN, judged from ``good`` (the last finite parameters and state).
+
+    Before any learning rate is blamed, ``DATA_PROBE_TASKS`` training tasks are sampled and
+    checked (non-finite values, labels out of range), and the query loss is computed before
+    adaptation: non-finite there, the model's outputs or the loss are at fault, not a rate.
+    """
+    shots = cfg.trainer.shots
+    data_problem = sampled_values_problem(exp.tasks, shots, DATA_PROBE_TASKS, distinct=False)
+    if data_problem:
+        return f"{DATA_PROBE_TASKS} training tasks sampled again {data_problem}"
     inner_lr = getattr(cfg.algorithm, "inner_lr", None)
     outer = outer_step_settings(cfg.algorithm)
     if outer is not None:  # an outer step of its own (MAML-RL's TRPO): no optimizer to blame
         inner = "algorithm.inner_lr or " if inner_lr is not None else ""
         return f"lower {inner}{outer}"
-    if inner_lr is None:  # no inner learning rate (e.g. ProtoNets): only the outer one is left
-        return "lower optimizer.lr or set optimizer.grad_clip_norm"
-    steps = int(getattr(cfg.algorithm, "inner_steps", 1))
+    rates = "algorithm.inner_lr or optimizer.lr" if inner_lr is not None else "optimizer.lr"
+    unknown = f"lower {rates}, or set optimizer.grad_clip_norm"
+    steps = int(getattr(cfg.algorithm, "inner_steps", 1)) if inner_lr is not None else 0
     probe = make_eval_step(
-        exp.learner_for, exp.tasks, steps=(0, steps), strategy=exp.task_batching, mesh=mesh
+        exp.learner_for,
+        exp.tasks,
+        steps=(0, steps) if steps else (0,),
+        strategy=exp.task_batching,
+        mesh=mesh,
     )
     keys = evaluation_keys(cfg.eval.seed, "train", cfg.trainer.shots, PROBE_TASKS)
     try:
         hyper = replicated(exp.hyper, mesh)
         metrics = jax.device_get(probe(good, train_arrays, keys, cfg.trainer.shots, hyper))
     except Exception:  # a diagnosis must never hide the error it explains
-        return "lower algorithm.inner_lr or optimizer.lr, or set optimizer.grad_clip_norm"
+        return unknown
     name = next((n for n in ("loss", "mse") if n in metrics), None)
     if name is None:  # a task family without a loss metric (e.g. a reward): no probe verdict
-        return "lower algorithm.inner_lr or optimizer.lr, or set optimizer.grad_clip_norm"
+        return unknown
     values = np.asarray(metrics[name], np.float64)
+    if not np.isfinite(values[:, 0]).all():
+        bad = int((~np.isfinite(values[:, 0])).sum())
+        return (
+            f"the query loss is already non-finite before any inner step, at the last good "
+            f"parameters ({bad} of {PROBE_TASKS} training tasks), while the sampled tasks are "
+            "finite: the model's outputs or the loss overflow (check the model), not a rate"
+        )
+    if inner_lr is None:  # no inner learning rate (e.g. ProtoNets): only the outer one is left
+        return "lower optimizer.lr or set optimizer.grad_clip_norm"
     return inner_loop_verdict(values[:, 0], values[:, 1], steps, inner_lr)

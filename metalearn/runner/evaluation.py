@@ -284,32 +284,3 @@ def format_record(record: dict) -> str:
             f" ({diverged} of {record['tasks']} tasks diverged, {record['nonfinite']} non-finite)"
         )
     return f"{head}: {record['mean']:.4f}{ci}{median}{change}{tail}"
-
-
-def check_shot_counts(
-    sample: Callable, splits: dict, trainer_shots: int, eval_shots: Sequence[int]
-) -> None:
-    """Fail before training if the data cannot supply a shot count the run will ask for.
-
-    Traces (without computing) ``sample(split_arrays, key, shots)`` for ``trainer.shots`` on the
-    train and validation splits and for each of ``eval.shots`` on the test split; a sampler's
-    ValueError comes back naming the key to change.
-
-    >>> def sample(arrays, key, shots):
-    ...     if shots > 18:
-    ...         raise ValueError(f"shots={shots} exceeds the 20 examples per class")
-    ...     return shots
-    >>> check_shot_counts(sample, {"train": {}, "val": {}, "test": {}}, 5, [5, 50])
-    Traceback (most recent call last):
-    ...
-    ValueError: eval.shots=[5, 50]: shots=50 exceeds the 20 examples per class; lower eval.shots
-    """
-    key = jax.random.key(0)
-    wanted = [("trainer.shots", trainer_shots, s, [trainer_shots]) for s in ("train", "val")]
-    wanted += [("eval.shots", shots, "test", list(eval_shots)) for shots in eval_shots]
-    for name, shots, split, setting in wanted:
-        try:
-            jax.eval_shape(lambda k, s=split, n=shots: sample(splits[s], k, n), key)
-        except ValueError as err:
-            shown = setting if name == "eval.shots" else setting[0]
-            raise ValueError(f"{name}={shown}: {err}; lower {name}") from None

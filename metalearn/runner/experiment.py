@@ -162,7 +162,35 @@ def build_model(model_config: Any, tasks: TaskFamily, data_name: str = "the data
             "model=mlp, or an image dataset (data=omniglot, miniimagenet, cifarfs or fc100)"
         )
     parts = MODELS.entry(model_config.name).info.get("parts", ModelParts())
-    return model_from_flax(module, tasks.input_shape, parts)
+    model = model_from_flax(module, tasks.input_shape, parts)
+    check_parameters(model, model_config.name)
+    return model
+
+
+def check_parameters(model: Model, name: str) -> None:
+    """ValueError (one line) if ``model`` has no parameters (nothing to meta-learn: the run
+    trained nothing, silently) or its declared head is not one of its top-level parameter
+    entries (a KeyError in the algorithms that adapt or replace the head). Traced only.
+
+    >>> from metalearn.models.mlp import MLP
+    >>> check_parameters(model_from_flax(MLP((8,), 1), (1,), ModelParts(head="out")), "mine")
+    Traceback (most recent call last):
+    ...
+    ValueError: model=mine declares its head 'out' (ModelParts(head=...)), but its top-level ...
+    """
+    params, _ = jax.eval_shape(model.init, jax.random.key(0))
+    if not jax.tree_util.tree_leaves(params):
+        raise ValueError(
+            f"model={name} has no parameters (its init returns none under 'params'): there is "
+            "nothing to meta-learn; give it layers with parameters (nn.Dense, nn.Conv, ...)"
+        )
+    missing = [h for h in model.head if h not in params]
+    if missing:
+        raise ValueError(
+            f"model={name} declares its head {missing[0]!r} (ModelParts(head=...)), but its "
+            f"top-level parameter entries are {', '.join(sorted(params))}: name its final "
+            f"layer {missing[0]!r} (nn.Dense(..., name={missing[0]!r})) or declare the name it has"
+        )
 
 
 def cpu_devices_for(cfg: Config, cores: int | None = None) -> int:
@@ -306,7 +334,7 @@ def build_experiment(cfg: Config) -> Experiment:
     refuse_unused_optimizer(cfg)
     tasks = TASKS.build(cfg.data)
     model = build_model(cfg.model, tasks, cfg.data.name)
-    objective = family_objective(tasks, model)
+    objective = family_objective(tasks, model, f"data={cfg.data.name}")
     learner = ALGORITHMS.build(cfg.algorithm, objective)
     if not isinstance(learner, MetaLearner):  # None: an AttributeError traceback, later
         raise ValueError(

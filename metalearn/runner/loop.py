@@ -15,11 +15,11 @@ import jax
 import jax.numpy as jnp
 
 from metalearn.config import Config
+from metalearn.data.family_checks import check_family
 from metalearn.runner.checkpoints import DAMAGED, CheckpointStore
 from metalearn.runner.devices import InFlight, is_primary_host, replicated, task_mesh
 from metalearn.runner.divergence import divergence_advice
 from metalearn.runner.evaluation import (
-    check_shot_counts,
     evaluate_split,
     format_record,
     selection_score,
@@ -70,9 +70,7 @@ class Runner:
         self.cfg, self.workdir = cfg, workdir
         self.exp = experiment or build_experiment(cfg)
         primary = is_primary_host()
-        check_shot_counts(
-            self.exp.tasks.sample, self.exp.tasks.splits, cfg.trainer.shots, cfg.eval.shots
-        )
+        check_family(self.exp.tasks, cfg.data.name, cfg.trainer.shots, cfg.eval.shots)
         lapack_error = lapack_batch_error(
             cfg, self.exp.task_batching, jax.devices()[0].platform, jax.device_count()
         )
