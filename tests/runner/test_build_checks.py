@@ -49,3 +49,45 @@ def test_a_family_with_neither_a_supervised_kind_nor_an_objective_is_named():
     regression = family._replace(kind="regression")
     assert family_objective(regression, model).primary_metric == "mse"
     assert jax.tree_util.tree_leaves(model.init(jax.random.key(0))[0])
+
+
+def test_gradients_of_another_structure_than_the_meta_parameters_are_named():
+    import optax
+
+    from metalearn.algorithms.maml import fomaml
+    from metalearn.data.sinusoid import sinusoid
+    from metalearn.runner.steps import init_train_state, make_meta_train_step, sample_tasks
+
+    family = sinusoid()
+    model = model_from_flax(MLP((8,), 1), (1,), ModelParts(head="head"))
+    learner = fomaml(family_objective(family, model))
+    optimizer = optax.sgd(0.1)
+    state = init_train_state(learner, model, optimizer, jax.random.key(0))
+    tasks = sample_tasks(family, {}, jax.random.key(1), 2, 5)
+
+    def head_only(params, task, ctx):  # the optimiser's error was optax's, naming neither
+        grads, aux = learner.task_grad(params, task, ctx)
+        return grads["head"], aux
+
+    def wrong_shape(params, task, ctx):
+        grads, aux = learner.task_grad(params, task, ctx)
+        return {**grads, "head": {**grads["head"], "bias": grads["head"]["bias"][None]}}, aux
+
+    for task_grad, message in [
+        (head_only, r"returned gradients for \['bias', 'kernel'\], not for the meta-parameters"),
+        (wrong_shape, r"a gradient of shape \(1, 1\) for the meta-parameter head/bias of shape"),
+    ]:
+        step = make_meta_train_step(
+            learner._replace(task_grad=task_grad),
+            optimizer,
+            meta_steps=1,
+            strategy="vmap",
+            key=jax.random.key(2),
+        )
+        with pytest.raises(ValueError, match=message):
+            jax.jit(step)(state, tasks)
+    jax.jit(
+        make_meta_train_step(
+            learner, optimizer, meta_steps=1, strategy="vmap", key=jax.random.key(2)
+        )
+    )(state, tasks)
