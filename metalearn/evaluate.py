@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         records = runner.evaluate(params, "test", num_tasks, on_chunk=progress)
     except Exception as err:
         message = out_of_memory_message(err, "lower eval.tasks_per_call (tasks per call)")
-        parts = {key: getattr(cfg, key).name for key in ("algorithm", "model", "data")}
+        parts = {group: getattr(cfg, group).name for group in GROUPS}
         message = message or user_code_error(err, parts)
         if not message:
             raise

@@ -36,7 +36,7 @@ from metalearn.config import (
 )
 from metalearn.config_errors import composition_error_message, selectable
 from metalearn.data.sources import DataSourceError
-from metalearn.registry import PluginError, load_plugins, user_code_error
+from metalearn.registry import GROUPS, PluginError, load_plugins, user_code_error
 from metalearn.runner.compilation_cache import enable_compilation_cache
 from metalearn.runner.cpu_backend import schedule_lapack_calls_serially, start_cpu_devices
 from metalearn.runner.devices import initialize_distributed, out_of_memory_message
@@ -119,7 +119,7 @@ def main(cfg: DictConfig) -> float | None:
         if no_space:  # TensorBoard's exit handler would flush into the full disk again: skip it
             _failed(workdir, sweep, f"error: {no_space}", 2, exit_now=True)
         in_user_code = user_code_error(
-            err, {key: cfg[key].get("name") for key in ("algorithm", "model", "data") if key in cfg}
+            err, {group: cfg[group].get("name") for group in GROUPS if group in cfg}
         )
         if in_user_code:  # a researcher's own algorithm, model or task family: one line
             details = traceback.format_exc()

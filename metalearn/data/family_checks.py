@@ -108,19 +108,35 @@ def task_shape_problem(family: TaskFamily, task: Any, shots: int, split: str) ->
     return None
 
 
+TASKS_PER_CALL = 16  # tasks sampled at once: 16 miniImageNet episodes are about 100 MB
+
+
 def sampled_values_problem(
     family: TaskFamily, shots: int, count: int = 2, distinct: bool = True
 ) -> str | None:
     """What is wrong with the values of ``count`` (at least 2) training tasks sampled for real,
-    or None: the first two the same (when ``distinct`` is asked for), or any non-finite or
-    out-of-range value."""
+    ``TASKS_PER_CALL`` at a time, or None: the first two the same (when ``distinct`` is asked
+    for), or any non-finite or out-of-range value."""
     sample = jax.jit(jax.vmap(lambda arrays, key: family.sample(arrays, key, shots), (None, 0)))
     keys = jax.random.split(jax.random.key(0), max(count, 2))
-    tasks = jax.device_get(sample(family.splits["train"], keys))
-    leaves = jax.tree_util.tree_leaves_with_path(tasks)
-    if distinct and leaves and all(np.array_equal(leaf[0], leaf[1]) for _, leaf in leaves):
-        return f"are the same task for two different keys: {RANDOMNESS_HINT}"
-    for path, leaf in leaves:
+    for start in range(0, len(keys), TASKS_PER_CALL):
+        tasks = jax.device_get(sample(family.splits["train"], keys[start : start + TASKS_PER_CALL]))
+        if distinct and start == 0 and _first_two_equal(tasks):
+            return f"are the same task for two different keys: {RANDOMNESS_HINT}"
+        problem = _values_problem(family, tasks)
+        if problem:
+            return problem
+    return None
+
+
+def _first_two_equal(tasks: Any) -> bool:
+    leaves = jax.tree_util.tree_leaves(tasks)
+    return bool(leaves) and all(np.array_equal(leaf[0], leaf[1]) for leaf in leaves)
+
+
+def _values_problem(family: TaskFamily, tasks: Any) -> str | None:
+    """A non-finite value or a label out of range in ``tasks`` (stacked, on the host), or None."""
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tasks):
         leaf = np.asarray(leaf)
         if jnp.issubdtype(leaf.dtype, jnp.inexact) and not np.isfinite(leaf).all():
             return (

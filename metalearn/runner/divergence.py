@@ -57,7 +57,10 @@ def divergence_advice(cfg: Any, exp: Any, train_arrays: Any, mesh: Any, good: Tr
     adaptation: non-finite there, the model's outputs or the loss are at fault, not a rate.
     """
     shots = cfg.trainer.shots
-    data_problem = sampled_values_problem(exp.tasks, shots, DATA_PROBE_TASKS, distinct=False)
+    try:
+        data_problem = sampled_values_problem(exp.tasks, shots, DATA_PROBE_TASKS, distinct=False)
+    except Exception:  # a diagnosis must never hide the error it explains
+        data_problem = None
     if data_problem:
         return f"{DATA_PROBE_TASKS} training tasks sampled again {data_problem}"
     inner_lr = getattr(cfg.algorithm, "inner_lr", None)
@@ -67,18 +70,18 @@ def divergence_advice(cfg: Any, exp: Any, train_arrays: Any, mesh: Any, good: Tr
         return f"lower {inner}{outer}"
     rates = "algorithm.inner_lr or optimizer.lr" if inner_lr is not None else "optimizer.lr"
     unknown = f"lower {rates}, or set optimizer.grad_clip_norm"
-    steps = int(getattr(cfg.algorithm, "inner_steps", 1)) if inner_lr is not None else 0
+    steps = int(getattr(cfg.algorithm, "inner_steps", 1))
     probe = make_eval_step(
         exp.learner_for,
         exp.tasks,
-        steps=(0, steps) if steps else (0,),
+        steps=(0, steps) if inner_lr is not None else (0,),  # before adaptation only, for none
         strategy=exp.task_batching,
         mesh=mesh,
     )
-    keys = evaluation_keys(cfg.eval.seed, "train", cfg.trainer.shots, PROBE_TASKS)
+    keys = evaluation_keys(cfg.eval.seed, "train", shots, PROBE_TASKS)
     try:
         hyper = replicated(exp.hyper, mesh)
-        metrics = jax.device_get(probe(good, train_arrays, keys, cfg.trainer.shots, hyper))
+        metrics = jax.device_get(probe(good, train_arrays, keys, shots, hyper))
     except Exception:  # a diagnosis must never hide the error it explains
         return unknown
     name = next((n for n in ("loss", "mse") if n in metrics), None)
