@@ -20,6 +20,7 @@ from hydra.errors import MissingConfigException, OverrideParseException
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
+from metalearn.registry import GROUPS
 from metalearn.registry import PLUGINS_VARIABLE as PLUGINS
 
 SCHEMA_SUFFIX = "_schema"  # ConfigStore entries that hold a group's schema, not an option
@@ -120,7 +121,7 @@ def composition_error_message(err: BaseException) -> str:
         message = (
             f"{group or 'config'}={name} is not an option{hint}; use one of: {', '.join(options)}"
         )
-        if group in ("algorithm", "model", "data"):  # the groups a researcher's module adds to
+        if group in GROUPS:  # the groups a researcher's module adds to
             message += f" (one of your own: name the module that registers it in {PLUGINS})"
         return message
     if isinstance(err, OverrideParseException):

@@ -179,7 +179,7 @@ def _stopped_early(signum, frame) -> None:
 def _group_options() -> dict[str, list[str]]:
     """The options of each config group, as Hydra sees them (schema entries included)."""
     loader = GlobalHydra.instance().config_loader()
-    return {g: loader.get_group_options(g) for g in ("algorithm", "model", "data")}
+    return {g: loader.get_group_options(g) for g in GROUPS}
 
 
 def _main_with_one_line_errors() -> None:
@@ -281,7 +281,7 @@ def _selectable_options_only(help_text: str) -> str:
     lines = []
     for line in help_text.split("\n"):
         group, colon, options = line.partition(": ")
-        if colon and group in ("algorithm", "data", "model", "experiment") and "," in options:
+        if colon and group in (*GROUPS, "experiment") and "," in options:
             kept = [o for o in options.split(", ") if selectable(group, o)]
             line = f"{group}: {', '.join(kept)}"
         lines.append(line)
