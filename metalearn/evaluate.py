@@ -35,7 +35,7 @@ from tqdm import tqdm
 from metalearn.config import GROUPS, Config, check_writable_file, rename_old_keys, to_objects
 from metalearn.config_errors import composition_error_message
 from metalearn.data.sources import one_line
-from metalearn.registry import load_plugins, user_code_error
+from metalearn.registry import load_plugins, selected_parts, user_code_error
 from metalearn.runner.compilation_cache import enable_compilation_cache
 from metalearn.runner.cpu_backend import schedule_lapack_calls_serially
 from metalearn.runner.devices import out_of_memory_message
@@ -325,8 +325,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         records = runner.evaluate(params, "test", num_tasks, on_chunk=progress)
     except Exception as err:
         message = out_of_memory_message(err, "lower eval.tasks_per_call (tasks per call)")
-        parts = {group: getattr(cfg, group).name for group in GROUPS}
-        message = message or user_code_error(err, parts)
+        message = message or user_code_error(err, selected_parts(cfg))
         if not message:
             raise
         progress.close()

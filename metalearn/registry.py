@@ -17,7 +17,7 @@ import inspect
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
@@ -187,6 +187,58 @@ ALGORITHMS = Registry("algorithm")
 MODELS = Registry("model")
 TASKS = Registry("task distribution")
 GROUPS: dict[str, Registry] = {"algorithm": ALGORITHMS, "model": MODELS, "data": TASKS}
+# Parts a run selects by a setting other than a group's name, registered outside the registries
+# above: an RL environment (``metalearn.rl.envs.base.register_env``, selected by ``data.env``).
+# setting -> name -> factory; a factory's module outside metalearn is a researcher's code too.
+OTHER_PARTS: dict[str, dict[str, Callable]] = {}
+
+
+def register_other_part(setting: str, name: str, factory: Callable) -> None:
+    """Record ``factory`` as the part ``setting=name`` selects (``"data.env"``, ``"nav2d"``).
+
+    As in :meth:`Registry.register`, another factory under a known name is refused, so a
+    researcher's module never replaces a part silently; a reload registers it anew.
+    """
+    known = OTHER_PARTS.setdefault(setting, {}).get(name)
+    if known is not None and _origin(known) != _origin(factory):
+        raise ValueError(
+            f"{setting}={name} is already registered by {_origin(known)}; register "
+            f"{_origin(factory)} under another name"
+        )
+    OTHER_PARTS[setting][name] = factory
+
+
+def selected_parts(cfg: Any) -> dict[str, str]:
+    """The parts a config selects, ``{"algorithm": name, "model": name, "data": name}`` and
+    each setting of :data:`OTHER_PARTS` it holds (``"data.env": name``); ``cfg`` is a composed
+    config or its dataclasses.
+
+    >>> selected_parts({"algorithm": {"name": "maml"}, "data": {"name": "rl_env", "env": "nav2d"}})
+    {'algorithm': 'maml', 'data': 'rl_env', 'data.env': 'nav2d'}
+    """
+    parts = {}
+    for key in (*GROUPS, *OTHER_PARTS):
+        value = cfg
+        for attribute in [key, "name"] if key in GROUPS else key.split("."):
+            get = (
+                value.get if isinstance(value, Mapping) else lambda a, v=value: getattr(v, a, None)
+            )
+            value = get(attribute)
+            if value is None:
+                break
+        if isinstance(value, str):
+            parts[key] = value
+    return parts
+
+
+def _outside_origin(setting: str, name: str) -> str | None:
+    """``module.factory`` of the part ``setting=name`` if registered from outside metalearn."""
+    if setting in GROUPS:
+        return GROUPS[setting].outside_origin(name)
+    factory = OTHER_PARTS.get(setting, {}).get(name)
+    if factory is None or factory.__module__.startswith("metalearn."):
+        return None
+    return _origin(factory)
 
 
 # A researcher's own parts live in modules of their own, which register themselves on import.
@@ -275,10 +327,17 @@ def _headline(err: BaseException) -> str:
 
 def user_code_frame(err: BaseException) -> traceback.FrameSummary | None:
     """The innermost frame of ``err``'s traceback in a module that registered an algorithm,
-    model or task family from outside metalearn (a researcher's own code), or None: an error
-    raised there (or in library code it called) is the researcher's to fix, told in one line.
+    model, task family or RL environment from outside metalearn (a researcher's own code), or
+    None: an error raised there (or in library code it called) is the researcher's to fix, told
+    in one line.
     """
     files = set().union(*(r.outside_files() for r in GROUPS.values()))
+    for factory in (f for parts in OTHER_PARTS.values() for f in parts.values()):
+        if not factory.__module__.startswith("metalearn."):
+            with contextlib.suppress(TypeError, OSError):
+                path = inspect.getsourcefile(factory)
+                if path:
+                    files.add(os.path.abspath(path))
     frames = [f for f in traceback.extract_tb(err.__traceback__) if f.filename in files]
     return frames[-1] if frames else None
 
@@ -287,7 +346,8 @@ def user_code_error(err: BaseException, selected: dict[str, str] | None = None) 
     """One line for an exception that a researcher's own code raised (:func:`user_code_frame`,
     naming the file and line) or that was raised while a run used a part registered from
     outside metalearn (``selected``: the config's ``{"algorithm": name, "model": name, "data":
-    name}``), naming that part; None for any other.
+    name}``, and ``"data.env": name``: :func:`selected_parts`), naming that part; None for any
+    other.
 
     >>> user_code_error(ValueError("bad"), {"algorithm": "maml"}) is None
     True
@@ -298,7 +358,7 @@ def user_code_error(err: BaseException, selected: dict[str, str] | None = None) 
         return f"{head} (in your code: {frame.filename}, line {frame.lineno}, in {frame.name})"
     own = []
     for key, name in (selected or {}).items():
-        origin = GROUPS[key].outside_origin(name)
+        origin = _outside_origin(key, name)
         if origin is not None:
             own.append(f"{key}={name} ({origin})")
     if not own:

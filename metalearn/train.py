@@ -36,7 +36,14 @@ from metalearn.config import (
 )
 from metalearn.config_errors import composition_error_message, selectable
 from metalearn.data.sources import DataSourceError
-from metalearn.registry import GROUPS, PluginError, load_plugins, user_code_error
+from metalearn.registry import (
+    GROUPS,
+    PluginError,
+    load_plugins,
+    selected_parts,
+    user_code_error,
+    user_code_frame,
+)
 from metalearn.runner.compilation_cache import enable_compilation_cache
 from metalearn.runner.cpu_backend import schedule_lapack_calls_serially, start_cpu_devices
 from metalearn.runner.devices import initialize_distributed, out_of_memory_message
@@ -110,6 +117,8 @@ def main(cfg: DictConfig) -> float | None:
     except RunDirectoryError as err:
         return _failed(workdir, sweep, f"error: {err}", 2, status="refused")
     except (ValueError, FileNotFoundError, NonFiniteError, DataSourceError) as err:
+        if isinstance(err, ValueError) and user_code_frame(err) is not None:
+            return _failed_in_user_code(err, cfg, workdir, sweep)  # raised by their own code
         return _failed(workdir, sweep, f"error: {err}", 2)
     except Exception as err:
         out_of_memory = out_of_memory_message(err)
@@ -118,16 +127,8 @@ def main(cfg: DictConfig) -> float | None:
         no_space = no_space_message(err, workdir)
         if no_space:  # TensorBoard's exit handler would flush into the full disk again: skip it
             _failed(workdir, sweep, f"error: {no_space}", 2, exit_now=True)
-        in_user_code = user_code_error(
-            err, {group: cfg[group].get("name") for group in GROUPS if group in cfg}
-        )
-        if in_user_code:  # a researcher's own algorithm, model or task family: one line
-            details = traceback.format_exc()
-            if not sweep:  # a sweep's job writes it with its status record
-                with contextlib.suppress(OSError):
-                    write_error_details(workdir, details)
-            message = f"error: {in_user_code}; the traceback is in {workdir}/{ERROR_DETAILS}"
-            return _failed(workdir, sweep, message, 2, details)
+        if user_code_error(err, selected_parts(cfg)):
+            return _failed_in_user_code(err, cfg, workdir, sweep)
         if not sweep:
             raise
         message = f"error: {type(err).__name__}: {err}".splitlines()[0]
@@ -140,6 +141,19 @@ def main(cfg: DictConfig) -> float | None:
     if sweep:
         record_job(workdir, "ok")
     return summary["best_val_score"]
+
+
+def _failed_in_user_code(err: Exception, cfg: DictConfig, workdir: str, sweep: bool) -> None:
+    """An error in a researcher's own algorithm, model, task family or environment: one line
+    naming their code or part (:func:`metalearn.registry.user_code_error`); the traceback goes
+    to the run directory's ``error.txt``."""
+    details = traceback.format_exc()
+    if not sweep:  # a sweep's job writes it with its status record
+        with contextlib.suppress(OSError):
+            write_error_details(workdir, details)
+    in_user_code = user_code_error(err, selected_parts(cfg))
+    message = f"error: {in_user_code}; the traceback is in {workdir}/{ERROR_DETAILS}"
+    return _failed(workdir, sweep, message, 2, details)
 
 
 def _failed(

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from metalearn.config import Config
 from metalearn.data.family_checks import check_family
+from metalearn.registry import selected_parts
 from metalearn.runner.checkpoints import DAMAGED, CheckpointStore
 from metalearn.runner.devices import InFlight, is_primary_host, replicated, task_mesh
 from metalearn.runner.divergence import divergence_advice
@@ -70,7 +71,9 @@ class Runner:
         self.cfg, self.workdir = cfg, workdir
         self.exp = experiment or build_experiment(cfg)
         primary = is_primary_host()
-        check_family(self.exp.tasks, cfg.data.name, cfg.trainer.shots, cfg.eval.shots)
+        env = selected_parts(cfg).get("data.env")  # an RL family's environment, named too
+        family = cfg.data.name + (f", data.env={env}" if env else "")
+        check_family(self.exp.tasks, family, cfg.trainer.shots, cfg.eval.shots)
         lapack_error = lapack_batch_error(
             cfg, self.exp.task_batching, jax.devices()[0].platform, jax.device_count()
         )

@@ -7,6 +7,8 @@ from typing import Any, NamedTuple
 
 import jax
 
+from metalearn.registry import register_other_part
+
 State = Any
 Task = Any
 
@@ -50,6 +52,7 @@ def register_env(
     ``jax.scipy.linalg``) on n x n systems, one per rollout: see :data:`BATCHED_LINALG_ENVS`."""
 
     def decorate(factory: Callable[[], Env]) -> Callable[[], Env]:
+        register_other_part("data.env", name, factory)  # refuses another factory's name
         ENVS[name] = factory
         if linalg_size is not None:
             BATCHED_LINALG_ENVS[name] = linalg_size
@@ -59,15 +62,80 @@ def register_env(
 
 
 def make_env(name: str) -> Env:
-    """The registered environment ``name``; ValueError naming the known ones otherwise.
+    """The registered environment ``name``; ValueError naming the known ones otherwise, or
+    saying what breaks the contract in an environment registered outside metalearn
+    (:func:`env_problem`).
 
     >>> make_env("nav2d").horizon
     100
     >>> make_env("cartpole")
     Traceback (most recent call last):
     ...
-    ValueError: unknown environment 'cartpole'; registered: ant_dir, cheetah_dir, cheetah_vel, nav2d
+    ValueError: unknown environment 'cartpole'; registered: ant_dir, cheetah_dir, cheetah_vel, ...
     """
     if name not in ENVS:
         raise ValueError(f"unknown environment {name!r}; registered: {', '.join(sorted(ENVS))}")
-    return ENVS[name]()
+    factory = ENVS[name]
+    env = factory()
+    # A researcher's environment is checked here (tracing a Brax step costs ~2 s); the
+    # library's own are checked by tests/rl/test_env_contract.py.
+    problem = None if factory.__module__.startswith("metalearn.") else env_problem(env)
+    if problem:
+        raise ValueError(f"data.env={name}: {problem}; see docs/extending.md (an RL environment)")
+    return env
+
+
+def env_problem(env: Any) -> str | None:
+    """What breaks the :class:`Env` contract in ``env``, or None; traced without computing
+    (``jax.eval_shape``): 3 tasks from ``sample_tasks`` on a leading axis, an observation of
+    shape ``(obs_dim,)``, and a ``step`` that returns ``(state, obs, reward, done)`` with the
+    state's structure and shapes unchanged (``lax.scan`` carries it), a scalar reward and done.
+    An exception raised by the environment's own functions propagates.
+
+    >>> nav = make_env("nav2d")
+    >>> env_problem(nav) is None
+    True
+    >>> env_problem(nav._replace(obs_dim=3))
+    'its observation has shape (2,), not (obs_dim,) = (3,)'
+    """
+    if not isinstance(env, Env):
+        return f"its factory returned a {type(env).__name__}, not a metalearn.rl.envs.base.Env"
+    for field in ("obs_dim", "action_dim", "horizon"):
+        value = getattr(env, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            return f"its {field} must be an integer >= 1, got {value!r}"
+    tasks = jax.eval_shape(lambda key: env.sample_tasks(key, 3), jax.random.key(0))
+    shapes = [leaf.shape for leaf in jax.tree.leaves(tasks)]
+    if not shapes or any(shape[:1] != (3,) for shape in shapes):
+        return (
+            f"sample_tasks(key, 3) gave leaves of shapes {shapes}; it must give the 3 tasks "
+            "stacked on a leading axis"
+        )
+    task = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype), tasks)
+    state = jax.eval_shape(env.reset, jax.random.key(0), task)
+    obs = jax.eval_shape(env.observation, state)
+    if getattr(obs, "shape", None) != (env.obs_dim,):
+        return f"its observation has shape {_shapes(obs)}, not (obs_dim,) = ({env.obs_dim},)"
+    action = jax.ShapeDtypeStruct((env.action_dim,), obs.dtype)
+    out = jax.eval_shape(env.step, state, action)
+    if not (isinstance(out, tuple) and len(out) == 4):
+        return f"step(state, action) returned {_shapes(out)}, not (state, obs, reward, done)"
+    new_state, step_obs, reward, done = out
+    if jax.tree.structure(new_state) != jax.tree.structure(state) or _shapes(new_state) != _shapes(
+        state
+    ):
+        return (
+            f"step(state, action) returned a state {_shapes(new_state)} unlike reset's "
+            f"{_shapes(state)}: the state must keep its structure and shapes"
+        )
+    if getattr(step_obs, "shape", None) != (env.obs_dim,):
+        return f"step's observation has shape {_shapes(step_obs)}, not ({env.obs_dim},)"
+    for what, value in (("reward", reward), ("done", done)):
+        if getattr(value, "shape", None) != ():
+            return f"step's {what} has shape {_shapes(value)}: it must be a scalar per step"
+    return None
+
+
+def _shapes(tree: Any) -> Any:
+    """``tree`` with each array leaf shown as its shape."""
+    return jax.tree.map(lambda leaf: tuple(getattr(leaf, "shape", ())), tree)
