@@ -180,4 +180,40 @@ def test_lanczos_stops_cleanly_when_the_start_vector_is_an_eigenvector():
     # After one step the residual is exactly 0: dividing by its norm gave NaN everywhere.
     A = 2.0 * jnp.eye(4)
     ritz = lanczos_eigenvalues(lambda v: A @ v, jnp.array([1.0, 0.5, -1.0, 2.0]), 3)
-    assert bool(jnp.all(jnp.isfinite(ritz))) and float(ritz.max()) == pytest.approx(2.0)
+    np.testing.assert_allclose(ritz, [2.0, 2.0, 2.0], rtol=1e-6)  # no spurious 0 (was [0, 0, 2])
+
+
+def test_after_a_breakdown_every_ritz_value_is_one_of_the_matrix():
+    # The start vector spans an invariant subspace of fewer dimensions than the steps asked:
+    # the steps after it contributed zero rows, hence Ritz values 0 that A does not have (the
+    # top eigenvalue of -2 I came out as 0). Now each is a Ritz value of A on an orthonormal
+    # basis, so Cauchy's interlacing bounds hold: the k-th smallest of m lies in
+    # [lambda_k, lambda_{n-m+k}] of A's n eigenvalues (ascending).
+    assert float(
+        top_hessian_eigenvalue(lambda p: -jnp.sum(p**2), jnp.ones(50), jax.random.key(0))
+    ) == pytest.approx(-2.0)
+    A = jnp.diag(jnp.array([1.0, 1.0, 5.0]))
+    ritz = lanczos_eigenvalues(lambda v: A @ v, jnp.ones(3), 3)
+    np.testing.assert_allclose(ritz, [1, 1, 5], rtol=1e-5)
+    rng = np.random.default_rng(0)
+    q, _ = np.linalg.qr(rng.normal(size=(12, 12)))
+    eigenvalues = np.array([-3.0, -3.0, -3.0, 0.5, 0.5, 2.0, 2.0, 2.0, 2.0, 4.0, 7.0, 7.0])
+    M = jnp.asarray(q @ np.diag(eigenvalues) @ q.T)
+    for v0, m in [(q[:, 3] + q[:, 10], 6), (q[:, 0] + q[:, 5] + q[:, 9], 8), (q[:, 11], 12)]:
+        ritz = np.asarray(lanczos_eigenvalues(lambda v: M @ v, jnp.asarray(v0), m))
+        n = len(eigenvalues)
+        for k in range(m):
+            assert eigenvalues[k] - 1e-4 <= ritz[k] <= eigenvalues[n - m + k] + 1e-4, (m, ritz)
+    e1_e2 = jnp.zeros(10).at[0].set(1.0).at[1].set(1.0)
+    D = jnp.diag(jnp.arange(1.0, 11.0))
+    eager = lanczos_eigenvalues(lambda v: D @ v, e1_e2, 5)
+    np.testing.assert_allclose(eager[:2], [1.0, 2.0], rtol=1e-5)  # the invariant subspace's
+    assert float(eager.min()) >= 1.0 - 1e-5  # no 0 (was [0, 0, 0, 1, 2])
+    jitted = jax.jit(lambda v0: lanczos_eigenvalues(lambda v: D @ v, v0, 5))(e1_e2)
+    np.testing.assert_allclose(jitted, eager, rtol=1e-5)
+
+
+def test_numpy_integers_are_step_counts():
+    A = jnp.diag(jnp.array([1.0, 2.0, 5.0]))
+    ritz = lanczos_eigenvalues(lambda v: A @ v, jnp.ones(3), np.int64(3))
+    np.testing.assert_allclose(ritz, [1.0, 2.0, 5.0], rtol=1e-5)
