@@ -15,6 +15,8 @@ rolled loop, peak memory stays flat in ``num_steps``; unrolled, remat saves noth
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -27,9 +29,11 @@ PyTree = Any
 LossFn = Callable[[PyTree, PyTree], jax.Array]
 
 
-def _check_num_steps(num_steps: int) -> None:
-    if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 1:
+def _check_num_steps(num_steps: int) -> int:
+    """``num_steps`` as an int (NumPy integers too: a loop over ``np.arange`` gives them)."""
+    if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 1:
         raise ValueError(f"num_steps must be an integer >= 1, got {num_steps!r}")
+    return int(num_steps)
 
 
 def _check_finite_rate(inner_lr: float | PyTree | None) -> None:
@@ -44,10 +48,21 @@ def _check_finite_rate(inner_lr: float | PyTree | None) -> None:
             raise ValueError(f"inner_lr must be finite, got {leaf!r}")
 
 
-def _sgd_update(params: PyTree, grads: PyTree, inner_lr: float | PyTree) -> PyTree:
-    """``params - inner_lr * grads``, with ``inner_lr`` a scalar or a pytree like ``params``."""
+def _check_rate_shapes(params: PyTree, inner_lr: float | PyTree | None) -> None:
+    """Each rate is a scalar or has its parameter's shape: one array of rates for every leaf
+    (one rate per layer, meant as a tree) was broadcast against each parameter silently."""
+    if inner_lr is None:
+        return
     if jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(inner_lr)):
-        return jax.tree_util.tree_map(lambda p, g: p - inner_lr * g, params, grads)
+        shape = np.shape(inner_lr)
+        param_shapes = [np.shape(p) for p in jax.tree_util.tree_leaves(params)]
+        if shape != () and param_shapes != [shape]:
+            raise ValueError(
+                f"inner_lr of shape {shape} for parameters of shapes {param_shapes}: give one "
+                "number, or a pytree like params whose leaves are numbers or of their "
+                "parameter's shape (one rate per layer: a tree, not an array)"
+            )
+        return
     params_def = jax.tree_util.tree_structure(params)
     lr_def = jax.tree_util.tree_structure(inner_lr)
     if params_def != lr_def:
@@ -55,7 +70,31 @@ def _sgd_update(params: PyTree, grads: PyTree, inner_lr: float | PyTree) -> PyTr
             "a per-parameter inner_lr must have the same tree structure as params; "
             f"params: {params_def}, inner_lr: {lr_def}"
         )
-    return jax.tree_util.tree_map(lambda p, g, lr: p - lr * g, params, grads, inner_lr)
+    for path, p, lr in zip(
+        jax.tree_util.tree_flatten_with_path(params)[0],
+        jax.tree_util.tree_leaves(params),
+        jax.tree_util.tree_leaves(inner_lr),
+        strict=True,
+    ):
+        if np.shape(lr) not in ((), np.shape(p)):
+            raise ValueError(
+                f"inner_lr{jax.tree_util.keystr(path[0])} has shape {np.shape(lr)}, its "
+                f"parameter {np.shape(p)}: give a number or an array of the parameter's shape"
+            )
+
+
+def _sgd_update(params: PyTree, grads: PyTree, inner_lr: float | PyTree) -> PyTree:
+    """``params - inner_lr * grads``, with ``inner_lr`` a scalar or a pytree like ``params``;
+    each parameter keeps its dtype (a float64 rate for float32 parameters under
+    ``jax_enable_x64`` would change the loop's carry)."""
+
+    def update(p, g, lr):
+        new = p - lr * g
+        return new if new.dtype == jnp.result_type(p) else new.astype(jnp.result_type(p))
+
+    if jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(inner_lr)):
+        return jax.tree_util.tree_map(lambda p, g: update(p, g, inner_lr), params, grads)
+    return jax.tree_util.tree_map(update, params, grads, inner_lr)
 
 
 def inner_adam(
@@ -79,7 +118,11 @@ def inner_adam(
     >>> bool(jnp.all(jnp.isfinite(meta_grad(jnp.array([1.0, 2.0])))))
     True
     """
-    if eps_root <= 0:
+    if not callable(learning_rate) and not (  # a schedule, or a finite number
+        isinstance(learning_rate, numbers.Real) and math.isfinite(learning_rate)
+    ):
+        raise ValueError(f"inner_adam: learning_rate must be finite, got {learning_rate!r}")
+    if not (eps_root > 0 and math.isfinite(eps_root)):
         raise ValueError(f"eps_root must be > 0 for a differentiable inner Adam, got {eps_root}")
     return optax.adam(learning_rate, b1=b1, b2=b2, eps=eps, eps_root=eps_root)
 
@@ -120,14 +163,20 @@ def _run_inner_loop(
     remat: bool,
     keep_trajectory: bool,
 ) -> tuple[PyTree, PyTree | None]:
-    _check_num_steps(num_steps)
+    num_steps = _check_num_steps(num_steps)
     if unroll is None:
         unroll = 1 if remat else True
     if (inner_lr is None) == (optimizer is None):
         raise ValueError(
             "pass exactly one of inner_lr (plain SGD) or optimizer (an optax transform)"
         )
+    if optimizer is not None and not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
+        raise ValueError(
+            f"optimizer must be an optax GradientTransformation (inner_adam(0.1), "
+            f"optax.sgd(0.1)), got {optimizer!r}; for plain SGD pass inner_lr instead"
+        )
     _check_finite_rate(inner_lr)
+    _check_rate_shapes(params, inner_lr)
     step = _inner_step_fn(loss_fn, support, inner_lr, optimizer, first_order)
     if remat:
         step = jax.checkpoint(step)

@@ -298,3 +298,62 @@ def test_an_inner_optimizer_keeps_its_state_from_step_to_step():
         expected = optax.apply_updates(expected, updates)
     adapted = adapt(mlp_loss, params, support, optimizer=optimizer, num_steps=3)
     chex.assert_trees_all_close(adapted, expected, rtol=1e-5, atol=1e-7)
+
+
+def _two_layer_loss(p, b):
+    return jnp.sum((p["body"] - b) ** 2) + jnp.sum((p["head"] - b) ** 2)
+
+
+TWO_LAYERS = {"body": jnp.zeros(2), "head": jnp.zeros(2)}
+
+
+@pytest.mark.parametrize(
+    "rate, message",
+    [
+        # One array for "one rate per layer" was broadcast against every parameter: the body,
+        # meant to stay frozen at rate 0, was adapted as [0, 0.2].
+        (jnp.array([0.0, 0.1]), r"inner_lr of shape \(2,\) for parameters of shapes"),
+        ({"body": jnp.ones((2, 2)), "head": 0.1}, r"inner_lr\['body'\] has shape \(2, 2\)"),
+        ({"body": jnp.ones(3), "head": 0.1}, r"inner_lr\['body'\] has shape \(3,\)"),
+    ],
+)
+def test_a_rate_of_another_shape_than_its_parameter_is_refused(rate, message):
+    with pytest.raises(ValueError, match=message):
+        adapt(_two_layer_loss, TWO_LAYERS, jnp.ones(2), inner_lr=rate)
+    # A tree of per-layer numbers says what was meant: the body stays where it was.
+    adapted = adapt(_two_layer_loss, TWO_LAYERS, jnp.ones(2), inner_lr={"body": 0.0, "head": 0.1})
+    np.testing.assert_allclose(adapted["body"], [0.0, 0.0])
+    np.testing.assert_allclose(adapted["head"], [0.2, 0.2])
+
+
+def test_numpy_integer_step_counts_are_accepted():
+    loss = lambda w, b: 0.5 * jnp.sum((w - b) ** 2)  # noqa: E731
+    for steps in np.arange(1, 3):  # np.int64: refused as "not an integer" before
+        exact = 1.0 - 0.5 ** int(steps)
+        assert float(
+            adapt(loss, jnp.array(0.0), jnp.array(1.0), inner_lr=0.5, num_steps=steps)
+        ) == (pytest.approx(exact))
+
+
+@pytest.mark.parametrize("optimizer", [0.1, optax.adam])  # a rate; the factory, not called
+def test_an_optimizer_that_is_not_a_transformation_is_named(optimizer):
+    with pytest.raises(ValueError, match="optimizer must be an optax GradientTransformation"):
+        adapt(_two_layer_loss, TWO_LAYERS, jnp.ones(2), optimizer=optimizer)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"learning_rate": float("nan")}, {"learning_rate": 0.1, "eps_root": float("nan")}]
+)
+def test_inner_adam_refuses_non_finite_settings(kwargs):
+    with pytest.raises(ValueError):  # a NaN rate returned NaN parameters silently
+        inner_adam(**kwargs)
+
+
+def test_a_float64_rate_keeps_float32_parameters_float32():
+    # Under jax_enable_x64 a float64 rate made the scan's carry float64: a JAX carry error.
+    with jax.enable_x64(True):
+        loss = lambda w, b: jnp.sum((w - b) ** 2)  # noqa: E731
+        w = jnp.zeros(1, jnp.float32)
+        adapted = adapt(loss, w, jnp.ones(1, jnp.float32), inner_lr=np.float64(0.25))
+        assert adapted.dtype == jnp.float32
+        np.testing.assert_allclose(adapted, [0.5])
