@@ -46,13 +46,18 @@ from metalearn.registry import (
 )
 from metalearn.runner.compilation_cache import enable_compilation_cache
 from metalearn.runner.cpu_backend import schedule_lapack_calls_serially, start_cpu_devices
-from metalearn.runner.devices import initialize_distributed, out_of_memory_message
+from metalearn.runner.devices import (
+    initialize_distributed,
+    is_primary_host,
+    out_of_memory_message,
+)
 from metalearn.runner.experiment import cpu_devices_for, needs_serial_lapack
 from metalearn.runner.loop import NonFiniteError, prepare_run_directory, train_and_evaluate
 from metalearn.runner.rundir import (
     RunDirectoryError,
     no_space_message,
     record_kept_unless_trained,
+    run_directory_held,
 )
 from metalearn.runner.sweeps import ERROR_DETAILS, record_job, write_error_details
 from metalearn.tools import usage_error
@@ -90,13 +95,15 @@ def run(cfg: DictConfig, workdir: str) -> dict:
     check_writable(workdir)
     d = config.distributed
     initialize_distributed(d.enabled, d.coordinator_address, d.num_processes, d.process_id)
-    prepare_run_directory(config, workdir)
-    path = os.path.join(workdir, "config.yaml")
-    partial = f"{path}.{os.getpid()}.tmp"  # never a half-written config.yaml (one per host)
-    with open(partial, "w") as f:
-        f.write(OmegaConf.to_yaml(cfg, resolve=True))
-    os.replace(partial, path)
-    return train_and_evaluate(config, workdir)
+    # One process trains in a directory at a time (the hosts of one distributed run: one).
+    with run_directory_held(workdir) if is_primary_host() else contextlib.nullcontext():
+        prepare_run_directory(config, workdir)
+        path = os.path.join(workdir, "config.yaml")
+        partial = f"{path}.{os.getpid()}.tmp"  # never a half-written config.yaml (one per host)
+        with open(partial, "w") as f:
+            f.write(OmegaConf.to_yaml(cfg, resolve=True))
+        os.replace(partial, path)
+        return train_and_evaluate(config, workdir)
 
 
 @hydra.main(version_base=None, config_path="pkg://metalearn.conf", config_name="config")

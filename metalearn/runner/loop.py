@@ -34,7 +34,13 @@ from metalearn.runner.experiment import (
     outer_step_settings,
 )
 from metalearn.runner.reporting import MetricsWriter, Progress, timed_rate
-from metalearn.runner.rundir import check_rerun, record_config, resume_hint, saved_steps
+from metalearn.runner.rundir import (
+    check_rerun,
+    record_config,
+    resume_hint,
+    run_directory_held,
+    saved_steps,
+)
 from metalearn.runner.signals import Interrupted, StopRequest
 from metalearn.runner.steps import (
     all_equal,
@@ -213,7 +219,12 @@ def train_and_evaluate(cfg: Config, workdir: str) -> dict:
     stopped the run (a checkpoint was saved first).
     """
     started = time.perf_counter()  # before the data are loaded (and prepared, on a first run)
-    prepare_run_directory(cfg, workdir)
+    with run_directory_held(workdir) if is_primary_host() else contextlib.nullcontext():
+        prepare_run_directory(cfg, workdir)
+        return _train_until_done_or_stopped(cfg, workdir, started)
+
+
+def _train_until_done_or_stopped(cfg: Config, workdir: str, started: float) -> dict:
     with StopRequest() as stop:
         try:
             runner = Runner(cfg, workdir)

@@ -13,12 +13,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import fcntl
 import hashlib
 import json
+import logging
 import os
 import shutil
+import socket
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,6 +52,54 @@ IGNORED = (
 
 class RunDirectoryError(ValueError):
     """The run directory holds a run that this config must not continue or replace."""
+
+
+LOCK = ".lock"  # held (flock) by the process that trains in the directory
+_held_locks: dict[str, int] = {}  # real path of a run directory -> descriptor, in this process
+
+
+@contextlib.contextmanager
+def run_directory_held(workdir: str) -> Iterator[None]:
+    """Hold ``workdir/.lock`` while this process trains there: a second process that starts in
+    the same directory meanwhile (another seed, or the same command twice) is refused with
+    RunDirectoryError, before it writes anything. The two had trained side by side,
+    deleting each other's checkpoints, and the last to finish wrote the directory's records.
+
+    The lock is the kernel's (``flock``): released when the process ends, however it ends
+    (``kill -9``, the OOM killer), so a stale lock never blocks a resume. Re-entrant within a
+    process. Where the filesystem has no locks, the run goes on unprotected, with a warning.
+    """
+    key = os.path.realpath(workdir)
+    if key in _held_locks:
+        yield
+        return
+    os.makedirs(workdir, exist_ok=True)
+    fd = os.open(os.path.join(workdir, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        message = _in_use_message(workdir, fd)
+        os.close(fd)
+        restore_hydra_files(workdir)  # Hydra rewrote .hydra/ with this command line
+        raise RunDirectoryError(message) from None
+    except OSError as err:  # no locks on this filesystem
+        os.close(fd)
+        logging.getLogger("metalearn").warning(
+            "cannot lock %s (%s): nothing stops a second process training there meanwhile",
+            workdir,
+            err.strerror,
+        )
+        yield
+        return
+    os.ftruncate(fd, 0)
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    os.write(fd, f"process {os.getpid()} on {socket.gethostname()} (since {started})".encode())
+    _held_locks[key] = fd
+    try:
+        yield
+    finally:
+        del _held_locks[key]
+        os.close(fd)  # releases the lock; the file stays (removing it races with a next taker)
 
 
 def flat_config(cfg: Config) -> dict[str, Any]:
@@ -181,18 +233,19 @@ STORES = ("checkpoints", "best")  # a run's checkpoint stores, under its directo
 
 def enclosing_store(workdir: str) -> str | None:
     """The checkpoint store (``checkpoints/`` or ``best/``) of another run that ``workdir`` is
-    or lies inside, or None. That run would take ``workdir`` for a damaged checkpoint of its own
-    and move it away.
+        or lies inside, or None. That run would take ``workdir`` for a damaged checkpoint of its own
+        and move it away.
 
-    >>> import tempfile
-    >>> root = tempfile.mkdtemp()
-    >>> os.makedirs(os.path.join(root, "checkpoints"))
-    >>> open(os.path.join(root, "checkpoints", RECORD), "w").close()
-    >>> store = os.path.join(root, "checkpoints")
-    >>> enclosing_store(os.path.join(store, "30")) == store
-    True
-    >>> enclosing_store(os.path.join(root, "run2")) is None
-    True
+        >>> import tempfile
+    import time
+        >>> root = tempfile.mkdtemp()
+        >>> os.makedirs(os.path.join(root, "checkpoints"))
+        >>> open(os.path.join(root, "checkpoints", RECORD), "w").close()
+        >>> store = os.path.join(root, "checkpoints")
+        >>> enclosing_store(os.path.join(store, "30")) == store
+        True
+        >>> enclosing_store(os.path.join(root, "run2")) is None
+        True
     """
     path = os.path.abspath(workdir)
     while True:
@@ -344,6 +397,31 @@ def restore_hydra_files(workdir: str) -> None:
         shutil.copytree(saved, os.path.join(workdir, ".hydra"), dirs_exist_ok=True)
 
 
+def _in_use_message(workdir: str, fd: int) -> str:
+    holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+    return (
+        f"{workdir} is in use: {holder} is training there. Nothing was changed. Wait for it "
+        "to finish (then rerun to resume or extend it), or choose another hydra.run.dir"
+    )
+
+
+def check_not_in_use(workdir: str) -> None:
+    """RunDirectoryError if a process holds ``workdir``'s lock (:func:`run_directory_held`);
+    takes nothing."""
+    try:
+        fd = os.open(os.path.join(workdir, LOCK), os.O_RDONLY)
+    except OSError:  # no lock file: never trained in, or not readable (the task will say)
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise RunDirectoryError(_in_use_message(workdir, fd)) from None
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 class RefuseInsideStores(Callback):
     """Hydra callback (the first): refuse a run or sweep directory inside another run's
     checkpoint store before anything creates it."""
@@ -365,6 +443,7 @@ class GuardRunDirectory(Callback):
         workdir = os.path.abspath(str(config.hydra.run.dir))
         if not os.path.isdir(workdir):
             return
+        _exit_on_refusal(check_not_in_use, workdir)  # before Hydra rewrites its .hydra/
         job_keys = [key for key in config if key != "hydra"]  # to_objects refuses other keys
         try:
             cfg = to_objects(OmegaConf.masked_copy(config, job_keys))

@@ -496,3 +496,50 @@ def test_a_run_or_sweep_inside_another_runs_checkpoint_store_is_refused(run_copy
     resumed = train(run_copy)
     assert resumed.returncode == 0, resumed.stderr
     assert not (run_copy / "checkpoints" / "damaged").exists()
+
+
+def test_a_second_process_in_a_directory_being_trained_in_is_refused(tmp_path):
+    # Two processes in one directory had trained side by side (another seed, or the same
+    # command twice): each deleted the other's checkpoints, the records said seed 1 while the
+    # seed-0 process also reported success, and the last to finish wrote eval.json.
+    from metalearn.runner.rundir import run_directory_held
+    from tests.cli import run_cli
+
+    run = tmp_path / "run"
+    first = run_cli(*TINY, f"hydra.run.dir={run}")
+    assert first.returncode == 0, first.stderr[-2000:]
+    records = {p: (run / p).read_bytes() for p in ("config.yaml", "eval.json", "metrics.jsonl")}
+    hydra_files = {p.name: p.read_bytes() for p in (run / ".hydra").iterdir()}
+    with run_directory_held(str(run)):  # as a training process holds it
+        for extra in ([], ["seed=1"], ["trainer.meta_steps=8", "trainer.allow_changes=[trainer]"]):
+            second = run_cli(*TINY, *extra, f"hydra.run.dir={run}")
+            assert second.returncode == 2
+            lines = second.stderr.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith(f"error: {run} is in use: process "), (
+                lines
+            )
+            assert f"process {os.getpid()} on " in lines[0] and "Nothing was changed" in lines[0]
+            for name, content in records.items():
+                assert (run / name).read_bytes() == content, name
+            assert {p.name: p.read_bytes() for p in (run / ".hydra").iterdir()} == hydra_files
+    # The lock goes with its process, however it ends: a kill -9 leaves nothing to clean up.
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time; from metalearn.runner.rundir import run_directory_held\n"
+            f"with run_directory_held({str(run)!r}):\n"
+            "    print('held', flush=True); time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=checkout_env(),
+    )
+    assert holder.stdout.readline().strip() == "held"
+    blocked = run_cli(*TINY, f"hydra.run.dir={run}")
+    assert blocked.returncode == 2 and f"process {holder.pid} on " in blocked.stderr
+    holder.kill()
+    holder.wait()
+    resumed = run_cli(*TINY, f"hydra.run.dir={run}")  # the finished run, rerun: nothing to do
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert (run / "eval.json").read_bytes() == records["eval.json"]
