@@ -296,8 +296,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     try:
         load_plugins()  # the run's own algorithm, model or task family, if it has one
         if args.out is not None:  # before the evaluation; never over the run's own records
+            # eval_*.json are this command's outputs, to replace in the run evaluated only:
+            # another run's eval_best.json would hold this run's numbers under its name.
+            here = os.path.realpath(os.path.dirname(os.path.abspath(args.out)))
+            own = here == os.path.realpath(args.run_dir)
             check_output_file(
-                args.out, "--out", f"eval_{args.which}.json", allowed=OWN_OUTPUTS, note=False
+                args.out,
+                "--out",
+                f"eval_{args.which}.json",
+                allowed=OWN_OUTPUTS if own else (),
+                note=False,
             )
         runner, params = load_run(args.run_dir, args.which, args.overrides)
         out = args.out or os.path.join(args.run_dir, f"eval_{runner.loaded}.json")

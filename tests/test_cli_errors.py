@@ -414,3 +414,15 @@ def test_evaluate_out_never_replaces_a_record_of_the_run(run_config_dir):
     result = run_cli(str(run_config_dir), "--out", str(target), module="metalearn.evaluate")
     error_line(result, f"--out {target} is a run's own record (config.yaml)", "eval_best.json")
     assert target.read_bytes() == before
+
+
+def test_evaluate_out_never_replaces_another_runs_evaluation(run_config_dir, tmp_path):
+    # evaluate A --out B/eval_best.json replaced B's record with A's numbers under B's name,
+    # silently: eval_*.json are evaluate's own outputs, replaceable in the run evaluated only.
+    other = tmp_path / "other"
+    shutil.copytree(run_config_dir, other)
+    target = other / "eval_best.json"
+    target.write_text("[]")
+    result = run_cli(str(run_config_dir), "--out", str(target), module="metalearn.evaluate")
+    error_line(result, f"--out {target} is a run's own record (eval_best.json)", "Nothing was")
+    assert target.read_text() == "[]"

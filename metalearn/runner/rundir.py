@@ -270,6 +270,20 @@ def check_outside_stores(directory: str, key: str = "hydra.run.dir") -> None:
             f"and move it away. Nothing was written. Choose a {key} outside its "
             f"{'/ and '.join(STORES)}/"
         )
+    # A run in a sweep's directory was tabulated by collect_sweep as one of its jobs; a sweep
+    # in a run's directory put its jobs inside the run.
+    if key == "hydra.run.dir" and os.path.isfile(os.path.join(directory, "multirun.yaml")):
+        raise RunDirectoryError(
+            f"{key}={directory} is a sweep's directory (multirun.yaml): a run there would be "
+            f"taken for one of its jobs. Nothing was written. Choose another {key}"
+        )
+    marks = ("config.yaml", "checkpoints", "metrics.jsonl", "eval.json")
+    held = [m for m in marks if os.path.exists(os.path.join(directory, m))]
+    if key == "hydra.sweep.dir" and held:
+        raise RunDirectoryError(
+            f"{key}={directory} holds a run ({', '.join(held)}): the sweep's jobs would be "
+            f"written inside it. Nothing was written. Choose another {key}"
+        )
 
 
 def check_rerun(cfg: Config, workdir: str) -> dict[str, tuple[Any, Any]]:

@@ -248,3 +248,26 @@ def test_a_rerun_sweep_reports_its_own_jobs_and_a_refusal_hides_no_result(tmp_pa
     table = run_tool("collect_sweep", str(sweep_dir), timeout=120)
     assert table.returncode == 0, table.stderr
     assert any(line.startswith("0_optimizer.lr=0.001  ") for line in table.stdout.splitlines())
+
+
+def test_a_run_and_a_sweep_never_share_a_directory(tmp_path):
+    # A run in a sweep's directory was tabulated by collect_sweep beside its jobs; a sweep in a
+    # run's directory put its jobs inside the run. Both ran with exit 0.
+    sweep = tmp_path / "sweep"
+    made = run_cli("-m", *TINY, "seed=0", f"hydra.sweep.dir={sweep}")
+    assert made.returncode == 0, made.stderr[-2000:]
+    before = sorted(p.name for p in sweep.iterdir())
+    result = run_cli(*TINY, f"hydra.run.dir={sweep}")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: hydra.run.dir={sweep} is a sweep's directory (multirun.yaml): a run there would "
+        "be taken for one of its jobs. Nothing was written. Choose another hydra.run.dir"
+    ]
+    assert sorted(p.name for p in sweep.iterdir()) == before
+    job = tmp_path / "job"
+    next(p for p in sweep.iterdir() if p.is_dir() and p.name != ".hydra").rename(job)
+    result = run_cli("-m", *TINY, "seed=1", f"hydra.sweep.dir={job}")
+    assert result.returncode == 2
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: hydra.sweep.dir={job} holds a run (config.yaml, checkpoints")
+    assert not (job / "multirun.yaml").exists()
