@@ -460,9 +460,43 @@ def rename_old_keys(saved: DictConfig) -> list[str]:
     return moved
 
 
-def exit_on_renamed_keys(argv: list[str]) -> None:
-    """Print ``error: ...`` and exit 2 if an override in ``argv`` uses a renamed key."""
-    errors = renamed_key_errors(argv)
+def unset_part_errors(overrides: list[str], groups: list[str]) -> list[str]:
+    """One message per override that leaves the run without a part it needs: a config group
+    set to ``null`` (``algorithm=null``) or a top-level entry deleted (``~algorithm``,
+    ``~seed``); Hydra and OmegaConf failed on these with 40-70-line tracebacks.
+
+    >>> for line in unset_part_errors(["model=null", "~seed", "~eval.shots"], ["model"]):
+    ...     print(line)
+    model=null: a run needs a model; choose one (model=NAME: --help lists them)
+    ~seed: seed cannot be deleted, a run needs it; set it instead (seed=...)
+    """
+    errors = []
+    for override in overrides:
+        key, eq, value = override.partition("=")
+        name = key.lstrip("+")
+        if eq and name in groups and value.strip().lower() in ("null", "none", "~"):
+            if name in OPTIONAL_GROUPS:
+                errors.append(f"{name}=null: to run without {name}, leave the override out")
+                continue
+            errors.append(
+                f"{name}=null: a run needs {'an' if name[0] in 'aeiou' else 'a'} {name}; "
+                f"choose one ({name}=NAME: --help lists them)"
+            )
+        elif key.startswith("~") and "." not in key and key != "~":
+            name = key[1:]
+            errors.append(
+                f"~{name}: {name} cannot be deleted, a run needs it; set it instead ({name}=...)"
+            )
+    return errors
+
+
+OPTIONAL_GROUPS = ("experiment", "debug")  # appended with +NAME=..., absent by default
+
+
+def exit_on_renamed_keys(argv: list[str], groups: list[str] = ()) -> None:
+    """Print ``error: ...`` and exit 2 if an override in ``argv`` uses a renamed key, or
+    leaves out a part a run needs (:func:`unset_part_errors`; ``groups``: the config groups)."""
+    errors = renamed_key_errors(argv) + unset_part_errors(argv, list(groups))
     if errors:
         print(f"error: {'; '.join(errors)}", file=sys.stderr)
         sys.exit(2)

@@ -309,6 +309,15 @@ def _selectable_options_only(help_text: str) -> str:
     return "\n".join(lines)
 
 
+def _config_groups() -> list[str]:
+    """The config groups a command line selects from (``algorithm``, ..., ``experiment``)."""
+    return sorted(
+        name
+        for name in os.listdir(CONF_DIR)
+        if os.path.isdir(os.path.join(CONF_DIR, name)) and name not in ("hydra", "__pycache__")
+    )
+
+
 def _print_help() -> None:
     """Hydra's ``--help`` for this command line, listing only the options it may select."""
     captured = io.StringIO()
@@ -322,7 +331,7 @@ def _print_help() -> None:
 if __name__ == "__main__":
     sys.argv[1:] = _bare_flags_first(sys.argv[1:])
     _exit_on_bad_flags(sys.argv[1:])
-    exit_on_renamed_keys(sys.argv[1:])
+    exit_on_renamed_keys(sys.argv[1:], _config_groups())
     for _signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(_signum, _stopped_early)
     if any(a in ("-h", "--help") for a in sys.argv[1:]):

@@ -426,3 +426,23 @@ def test_evaluate_out_never_replaces_another_runs_evaluation(run_config_dir, tmp
     result = run_cli(str(run_config_dir), "--out", str(target), module="metalearn.evaluate")
     error_line(result, f"--out {target} is a run's own record (eval_best.json)", "Nothing was")
     assert target.read_text() == "[]"
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        # A group set to null: Hydra's "Config group override must be a string or a list.
+        # Got NoneType" traceback (39 lines, exit 1).
+        ("algorithm=null", "algorithm=null: a run needs an algorithm; choose one"),
+        ("model=null", "model=null: a run needs a model"),
+        ("+debug=null", "debug=null: to run without debug, leave the override out"),
+        # A top-level entry deleted: MissingMandatoryValue / ConfigAttributeError tracebacks
+        # (59 and 71 lines), .hydra/ and an empty train.log left behind.
+        ("~algorithm", "~algorithm: algorithm cannot be deleted, a run needs it"),
+        ("~seed", "~seed: seed cannot be deleted, a run needs it; set it instead (seed=...)"),
+    ],
+)
+def test_an_override_that_leaves_out_a_part_a_run_needs_is_one_line(tmp_path, override, fragment):
+    result = run_cli(*TINY, override, f"hydra.run.dir={tmp_path / 'run'}")
+    error_line(result, fragment)
+    assert not (tmp_path / "run").exists()
