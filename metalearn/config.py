@@ -317,27 +317,36 @@ def _require(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def _float_settings(node: Any, prefix: str = "") -> list[tuple[str, float]]:
-    """Every float of a config (in lists too), by dotted key.
+def _settings(node: Any, kind: type, prefix: str = "") -> list[tuple[str, Any]]:
+    """Every value of type ``kind`` in a config (in lists too, bools never), by dotted key.
 
-    >>> _float_settings(OptimizerConfig(lr=float("inf")), "optimizer")[0]
+    >>> _settings(OptimizerConfig(lr=float("inf")), float, "optimizer")[0]
     ('optimizer.lr', inf)
     """
     if dataclasses.is_dataclass(node):
         found = []
         for field in dataclasses.fields(node):
             key = f"{prefix}.{field.name}" if prefix else field.name
-            found += _float_settings(getattr(node, field.name), key)
+            found += _settings(getattr(node, field.name), kind, key)
         return found
     if isinstance(node, (list, tuple)):
-        return [pair for item in node for pair in _float_settings(item, prefix)]
-    return [(prefix, node)] if isinstance(node, float) else []
+        return [pair for item in node for pair in _settings(item, kind, prefix)]
+    return [(prefix, node)] if isinstance(node, kind) and not isinstance(node, bool) else []
+
+
+MAX_INT32 = 2**31 - 1  # JAX computes with 32-bit integers: step counts, sizes, shapes
 
 
 def validate(cfg: Config) -> None:
     """Check values the types cannot express; raise ValueError naming the key."""
-    for key, value in _float_settings(cfg):
+    for key, value in _settings(cfg, float):
         _require(math.isfinite(value), f"{key} must be a finite number, got {value}")
+    for key, value in _settings(cfg, int):  # overflowed in JAX (a traceback) or aborted XLA
+        _require(
+            key in ("seed", "eval.seed") or abs(value) <= MAX_INT32,
+            f"{key}={value} is beyond the 32-bit integers JAX computes with (at most "
+            f"2**31 - 1 = {MAX_INT32}); give a smaller value",
+        )
     t, o, e = cfg.trainer, cfg.optimizer, cfg.eval
     for key, seed in (("seed", cfg.seed), ("eval.seed", e.seed)):
         _require(

@@ -48,6 +48,11 @@ def test_sinusoid_maml_is_the_papers_setup():
     [
         ("optimizer.lr=-0.1", "optimizer.lr must be > 0"),
         ("trainer.meta_steps=-1", "trainer.meta_steps must be >= 0"),
+        # Beyond int32: an OverflowError traceback (meta_steps, eval.shots) or an XLA abort,
+        # exit 134 (trainer.shots).
+        ("trainer.meta_steps=10000000000", "trainer.meta_steps=10000000000 is beyond the 32-bit"),
+        ("trainer.shots=10000000000", "trainer.shots=10000000000 is beyond the 32-bit"),
+        ("eval.shots=[1,10000000000]", "eval.shots=10000000000 is beyond the 32-bit"),
         ("trainer.task_batching=magic", "trainer.task_batching must be one of"),
         ("eval.steps=[-1]", "eval.steps must be >= 0"),
         ("eval.steps=[]", "eval.steps must be a non-empty list"),  # said "must be >= 0"
