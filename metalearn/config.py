@@ -408,6 +408,24 @@ def validate(cfg: Config) -> None:
         0 <= o.final_lr_fraction <= 1,
         f"optimizer.final_lr_fraction must be in [0, 1], got {o.final_lr_fraction}",
     )
+    _require(
+        o.final_lr_fraction == 0 or o.schedule == "cosine",
+        f"optimizer.final_lr_fraction={o.final_lr_fraction} is used by optimizer.schedule=cosine "
+        f"only, and optimizer.schedule={o.schedule}: set optimizer.schedule=cosine, or leave "
+        "final_lr_fraction at 0",
+    )
+    d = cfg.distributed
+    unused = [
+        f"distributed.{k}={getattr(d, k)}"
+        for k in ("coordinator_address", "num_processes", "process_id")
+        if getattr(d, k) is not None
+    ]
+    _require(
+        d.enabled or not unused,
+        f"{', '.join(unused)} {'are' if len(unused) > 1 else 'is'} used with "
+        "distributed.enabled=true only: set it, or leave "
+        "the distributed settings out (this process would have run alone, as process 0 of 1)",
+    )
     _require(len(e.shots) >= 1, "eval.shots must be a non-empty list, got []")
     _require(len(e.steps) >= 1, "eval.steps must be a non-empty list, got []")
     _require(min(e.shots) >= 1, f"eval.shots must be >= 1, got {e.shots}")

@@ -52,6 +52,12 @@ class ReptileConfig:
         check_fraction("adam_b1", self.adam_b1)
         if self.adam_b1 == 1:
             raise ValueError(f"algorithm.adam_b1 must be < 1, got {self.adam_b1}")
+        if self.adam_b1 != 0 and self.inner_optimizer != "adam":
+            raise ValueError(
+                f"algorithm.adam_b1={self.adam_b1} is used by algorithm.inner_optimizer=adam "
+                f"only, and algorithm.inner_optimizer={self.inner_optimizer}: set "
+                "algorithm.inner_optimizer=adam, or leave adam_b1 at 0"
+            )
 
 
 @ALGORITHMS.register("reptile", ReptileConfig)

@@ -17,6 +17,7 @@ ACTIVATIONS = {"relu": nn.relu, "tanh": nn.tanh, "gelu": nn.gelu}
 # cut at two standard deviations, as jax.nn.initializers.truncated_normal is); "lecun_normal" is
 # Flax's default for nn.Dense.
 KERNEL_INITS = ("lecun_normal", "truncated_normal")
+DEFAULT_KERNEL_STD = 0.01  # MLPConfig.kernel_std, the reference code's (cbfinn/maml)
 
 
 def kernel_initializer(name: str, std: float) -> Callable:
@@ -40,7 +41,7 @@ class MLPConfig:
     hidden_sizes: tuple[int, ...] = (40, 40)
     activation: str = "relu"
     kernel_init: str = "lecun_normal"
-    kernel_std: float = 0.01
+    kernel_std: float = DEFAULT_KERNEL_STD
 
     def __post_init__(self) -> None:  # a bad value is refused when the config is made
         if self.activation not in ACTIVATIONS:
@@ -57,6 +58,12 @@ class MLPConfig:
             )
         if not self.kernel_std > 0:
             raise ValueError(f"model.kernel_std must be > 0, got {self.kernel_std}")
+        if self.kernel_init != "truncated_normal" and self.kernel_std != DEFAULT_KERNEL_STD:
+            raise ValueError(
+                f"model.kernel_std={self.kernel_std} is used by model.kernel_init="
+                f"truncated_normal only, and model.kernel_init={self.kernel_init}: set "
+                "model.kernel_init=truncated_normal, or leave kernel_std out"
+            )
 
 
 class MLP(nn.Module):

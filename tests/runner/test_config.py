@@ -52,6 +52,10 @@ def test_sinusoid_maml_is_the_papers_setup():
         # exit 134 (trainer.shots).
         ("trainer.meta_steps=10000000000", "trainer.meta_steps=10000000000 is beyond the 32-bit"),
         ("trainer.shots=10000000000", "trainer.shots=10000000000 is beyond the 32-bit"),
+        # Settings the chosen option ignores: each ran silently, eval.json identical to a run
+        # without them.
+        ("optimizer.final_lr_fraction=0.5", "is used by optimizer.schedule=cosine only"),
+        ("distributed.num_processes=4", "distributed.num_processes=4 is used with distributed"),
         ("eval.shots=[1,10000000000]", "eval.shots=10000000000 is beyond the 32-bit"),
         ("trainer.task_batching=magic", "trainer.task_batching must be one of"),
         ("eval.steps=[-1]", "eval.steps must be >= 0"),
@@ -65,6 +69,23 @@ def test_sinusoid_maml_is_the_papers_setup():
 def test_bad_values_are_named(override, message):
     with pytest.raises(ValueError, match=message):
         to_objects(compose_config(["+experiment=sinusoid_maml", override]))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [  # each ran silently, eval.json identical to a run without the setting
+        (["model=mlp", "model.kernel_std=5.0"], "is used by model.kernel_init=truncated_normal"),
+        (["algorithm=reptile", "algorithm.adam_b1=0.9"], "is used by algorithm.inner_optimizer"),
+    ],
+)
+def test_a_setting_the_chosen_option_ignores_is_refused(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        to_objects(compose_config(["+experiment=sinusoid_maml", *overrides]))
+    fixed = [o.replace("model=mlp", "model.kernel_init=truncated_normal") for o in overrides]
+    fixed = [o.replace("algorithm=reptile", "algorithm.inner_optimizer=adam") for o in fixed]
+    if "algorithm.inner_optimizer=adam" in fixed:
+        fixed.insert(0, "algorithm=reptile")
+    to_objects(compose_config(["+experiment=sinusoid_maml", *fixed]))  # as the message says
 
 
 @pytest.mark.parametrize(
