@@ -271,6 +271,23 @@ def _bare_flags_first(argv: list[str]) -> list[str]:
     return [a for a in argv if a in _BARE_FLAGS] + [a for a in argv if a not in _BARE_FLAGS]
 
 
+def _debug_after_experiment(argv: list[str]) -> list[str]:
+    """``argv`` with ``+debug=...`` after ``+experiment=...``: Hydra merges the appended groups
+    in command-line order, so a debug preset written first was overwritten by the experiment,
+    silently (``+debug=tiny +experiment=sinusoid_maml`` ran the full 70,000 steps in a
+    directory named ``...-debug=tiny``).
+
+    >>> _debug_after_experiment(["+debug=tiny", "+experiment=sinusoid_maml", "seed=1"])
+    ['+experiment=sinusoid_maml', '+debug=tiny', 'seed=1']
+    """
+    debug = [a for a in argv if a.lstrip("+").startswith("debug=")]
+    rest = [a for a in argv if a not in debug]
+    experiments = [i for i, a in enumerate(rest) if a.lstrip("+").startswith("experiment=")]
+    if not debug or not experiments or argv.index(debug[0]) > argv.index(rest[experiments[-1]]):
+        return argv
+    return rest[: experiments[-1] + 1] + debug + rest[experiments[-1] + 1 :]
+
+
 TRAIN_USAGE = (
     "python -m metalearn.train [-m] +experiment=NAME [key=value ...] (--hydra-help lists "
     "Hydra's flags)"
@@ -329,7 +346,7 @@ def _print_help() -> None:
 
 
 if __name__ == "__main__":
-    sys.argv[1:] = _bare_flags_first(sys.argv[1:])
+    sys.argv[1:] = _debug_after_experiment(_bare_flags_first(sys.argv[1:]))
     _exit_on_bad_flags(sys.argv[1:])
     exit_on_renamed_keys(sys.argv[1:], _config_groups())
     for _signum in (signal.SIGINT, signal.SIGTERM):

@@ -11,6 +11,7 @@ import json
 import os
 
 import pytest
+import yaml
 
 from tests.cli import TINY, run_cli
 
@@ -96,3 +97,13 @@ def test_a_second_run_reuses_the_compilation_cache(tmp_path):
         json.loads((tmp_path / d / "summary.json").read_text())["compile_seconds"] for d in "ab"
     ]
     assert compile_s[1] < compile_s[0], compile_s
+
+
+def test_a_debug_preset_before_the_experiment_still_applies():
+    # Hydra merges appended groups in command-line order: +debug=tiny written first was
+    # overwritten by the experiment, and the full 70,000-step run ran in a "debug=tiny" directory.
+    for order in (TINY, TINY[::-1]):
+        result = run_cli(*order, "--cfg", "job")
+        assert result.returncode == 0, result.stderr[-2000:]
+        job = yaml.safe_load(result.stdout)
+        assert (job["trainer"]["meta_steps"], job["eval"]["num_tasks"]) == (4, 4), order
