@@ -52,6 +52,7 @@ def rollout(
         mean, log_std = policy_apply(params, obs)
         action = mean + jnp.exp(log_std) * jax.random.normal(step_key, mean.shape)
         state, _, reward, done = env.step(state, action)
+        reward, done = jnp.asarray(reward, obs.dtype), jnp.asarray(done, bool)  # Python numbers
         mask = 1.0 - ended.astype(reward.dtype)
         return (state, ended | done), (obs, action, reward, mask)
 

@@ -213,3 +213,16 @@ def test_a_researchers_broken_environment_is_one_line_before_the_run(tmp_path):
     ]
     checkpoints = tmp_path / "run" / "checkpoints"
     assert not any(p.name.isdigit() for p in checkpoints.iterdir())  # nothing was trained
+
+
+def test_python_numbers_as_reward_and_done_roll_out():
+    # A constant reward written as a Python float passed the contract and then failed in the
+    # rollout: "AttributeError: 'float' object has no attribute 'dtype'".
+    from metalearn.rl.policy import init_policy, policy_apply
+    from metalearn.rl.rollout import rollout
+
+    env = GOOD._replace(step=lambda s, a: (*_step(s, a)[:2], -1.0, False))
+    assert env_problem(env) is None
+    params = init_policy(jax.random.key(0), env.obs_dim, env.action_dim)
+    traj = rollout(env, policy_apply, params, jax.random.key(1), jnp.array([0.5, 0.5]))
+    assert traj.rewards.tolist() == [-1.0] * env.horizon and traj.mask.tolist() == [1.0] * 5
