@@ -141,6 +141,27 @@ def _takes(method: Callable, argument: str) -> bool:
     return argument in inspect.signature(method).parameters
 
 
+# Other spellings of the train/evaluate switch: metalearn passes ``train`` only, so a method
+# taking one of these kept its default, silently (batch norm never updated its running
+# averages, or dropout never dropped).
+OTHER_TRAIN_FLAGS = ("training", "is_training", "deterministic", "use_running_average", "eval")
+
+
+def _train_flag_problem(module: nn.Module, method_name: str | None) -> str | None:
+    method = getattr(module, method_name) if method_name else module.__call__
+    if _takes(method, "train"):
+        return None
+    other = [f for f in OTHER_TRAIN_FLAGS if _takes(method, f)]
+    if not other:
+        return None
+    return (
+        f"{type(module).__name__}.{method_name or '__call__'} takes {other[0]!r}, but metalearn "
+        f"passes the mode as 'train' (True while adapting and meta-training, False in "
+        f"evaluation), so {other[0]} would keep its default: name the argument train "
+        f"(deterministic = not train for dropout, use_running_average = not train for batch norm)"
+    )
+
+
 def _norm_layers(
     module: nn.Module, example: jax.Array, layers: tuple[type, ...]
 ) -> tuple[frozenset, bool]:
@@ -199,6 +220,10 @@ def model_from_flax(
     (True, True)
     """
     parts = parts or ModelParts()
+    for method_name in (None, parts.embed) if parts.embed else (None,):
+        problem = _train_flag_problem(module, method_name)
+        if problem:
+            raise ValueError(problem)
     example = jnp.zeros((1, *input_shape), jnp.float32)
     norm_paths, batch_statistics = _norm_layers(
         module, example, NORM_LAYERS + tuple(parts.norm_layers)
