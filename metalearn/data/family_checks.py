@@ -92,6 +92,8 @@ def task_shape_problem(family: TaskFamily, task: Any, shots: int, split: str) ->
                 f"{inputs.shape[0]} {part} inputs but {targets.shape[0] if targets.ndim else 0} "
                 "targets"
             )
+        if inputs.ndim and inputs.shape[0] == 0:  # a mean over no examples: a NaN loss later,
+            return f"a {part} set of 0 examples"  # blamed on the model's outputs
     if isinstance(task.support, WeightedBatch):  # padded episodes: sizes are the maxima
         return None
     count = task.support[0].shape[0]

@@ -178,7 +178,9 @@ def make_meta_train_step(
         def one_task(task_and_key):
             task, task_key = task_and_key
             ctx = TaskContext(state.step, total, state.model_state, task_key)
-            grads, aux = learner.task_grad(state.meta_params, task, ctx)
+            returned = learner.task_grad(state.meta_params, task, ctx)
+            check_task_grad_output(returned)
+            grads, aux = returned
             check_gradient_structure(grads, state.meta_params)
             return grads, aux.model_state, aux.metrics
 
@@ -207,6 +209,31 @@ def make_meta_train_step(
         return constrain_replicated((new_state, metrics), mesh)
 
     return meta_train_step
+
+
+def check_task_grad_output(returned: Any) -> None:
+    """ValueError (one line) unless a learner's ``task_grad`` returned ``(grads, Aux)`` (a bare
+    gradient ended in "too many values to unpack", naming nothing).
+
+    >>> check_task_grad_output({"w": jnp.zeros(2)})
+    Traceback (most recent call last):
+    ...
+    ValueError: the algorithm's task_grad returned a dict, not (grads, Aux(model_state, ...
+    """
+    if isinstance(returned, tuple) and len(returned) == 2:
+        aux = returned[1]
+        if hasattr(aux, "model_state") and hasattr(aux, "metrics"):
+            return
+        shown = f"a pair whose second item is a {type(aux).__name__}"
+    elif isinstance(returned, tuple):
+        shown = f"a tuple of {len(returned)}"
+    else:
+        shown = f"a {type(returned).__name__}"
+    raise ValueError(
+        f"the algorithm's task_grad returned {shown}, not (grads, Aux(model_state, metrics)) "
+        "(metalearn.data.task.Aux: the model state after the task and a dict of metrics); "
+        "see docs/extending.md"
+    )
 
 
 def check_gradient_structure(grads: PyTree, meta_params: PyTree) -> None:

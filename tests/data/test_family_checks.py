@@ -100,6 +100,10 @@ def test_the_librarys_families_pass():
             ),
             ["10 query inputs but 7 targets"],
         ),
+        (  # a mean over no query example: a NaN blamed on the model's outputs, at step 1
+            regression(lambda arrays, key, shots: lines_task(key, shots, num_queries=0)),
+            ["a query set of 0 examples"],
+        ),
     ],
 )
 def test_a_task_of_the_wrong_shape_is_one_line(family, fragments):

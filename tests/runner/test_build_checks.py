@@ -73,7 +73,16 @@ def test_gradients_of_another_structure_than_the_meta_parameters_are_named():
         grads, aux = learner.task_grad(params, task, ctx)
         return {**grads, "head": {**grads["head"], "bias": grads["head"]["bias"][None]}}, aux
 
+    def grads_only(params, task, ctx):  # "too many values to unpack (expected 2)" before
+        return learner.task_grad(params, task, ctx)[0]
+
+    def metrics_dict(params, task, ctx):
+        grads, aux = learner.task_grad(params, task, ctx)
+        return grads, aux.metrics
+
     for task_grad, message in [
+        (grads_only, r"task_grad returned a dict, not \(grads, Aux\(model_state, metrics\)\)"),
+        (metrics_dict, r"returned a pair whose second item is a dict, not \(grads, Aux"),
         (head_only, r"returned gradients for \['bias', 'kernel'\], not for the meta-parameters"),
         (wrong_shape, r"a gradient of shape \(1, 1\) for the meta-parameter head/bias of shape"),
     ]:
