@@ -13,7 +13,7 @@ import os
 import pytest
 import yaml
 
-from tests.cli import TINY, run_cli
+from tests.cli import TINY, error_line, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -107,3 +107,15 @@ def test_a_debug_preset_before_the_experiment_still_applies():
         assert result.returncode == 0, result.stderr[-2000:]
         job = yaml.safe_load(result.stdout)
         assert (job["trainer"]["meta_steps"], job["eval"]["num_tasks"]) == (4, 4), order
+
+
+@pytest.mark.parametrize("setting, fragment", [("of", "give auto, off, or an absolute directory")])
+def test_a_compilation_cache_that_is_no_usable_directory_is_one_line(tmp_path, setting, fragment):
+    # "of" (a typo of off) made ./of/ wherever the command ran, silently; a file named there
+    # turned the cache off with a warning nobody reads.
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for value, expected in [(setting, fragment), (str(afile), "cannot use it as a directory")]:
+        result = run_cli(*TINY, f"trainer.compilation_cache={value}", cwd=tmp_path)
+        error_line(result, f"trainer.compilation_cache={value}: ", expected)
+    assert not (tmp_path / "of").exists()

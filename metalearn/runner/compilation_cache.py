@@ -45,14 +45,27 @@ def cache_directory(setting: str | None, environ: dict[str, str] | None = None) 
 def enable_compilation_cache(setting: str | None) -> str | None:
     """Point JAX's persistent cache at the directory of ``setting`` (or turn it off).
 
-    Returns the directory in use, or None. A directory that cannot be created turns the cache
-    off rather than failing the run.
+    Returns the directory in use, or None. Under ``auto``, a directory that cannot be created
+    turns the cache off with a warning rather than failing the run; a directory named in the
+    setting must be absolute and usable (ValueError, one line: a typo of ``off`` such as ``of``
+    made a cache directory wherever the command ran).
     """
     directory = cache_directory(setting)
+    named = directory is not None and setting != "auto"
+    if named and not os.path.isabs(directory):
+        raise ValueError(
+            f"trainer.compilation_cache={setting}: give auto, off, or an absolute directory "
+            "(a relative one would be made wherever the command runs)"
+        )
     if directory is not None:
         try:
             os.makedirs(directory, exist_ok=True)
         except OSError as err:
+            if named:
+                raise ValueError(
+                    f"trainer.compilation_cache={setting}: cannot use it as a directory "
+                    f"({err.strerror}); give another directory, auto or off"
+                ) from None
             log.warning("compilation cache off: cannot create %s (%s)", directory, err.strerror)
             directory = None
     if directory is None:
