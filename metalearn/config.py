@@ -408,12 +408,6 @@ def validate(cfg: Config) -> None:
         0 <= o.final_lr_fraction <= 1,
         f"optimizer.final_lr_fraction must be in [0, 1], got {o.final_lr_fraction}",
     )
-    _require(
-        o.final_lr_fraction == 0 or o.schedule == "cosine",
-        f"optimizer.final_lr_fraction={o.final_lr_fraction} is used by optimizer.schedule=cosine "
-        f"only, and optimizer.schedule={o.schedule}: set optimizer.schedule=cosine, or leave "
-        "final_lr_fraction at 0",
-    )
     d = cfg.distributed
     unused = [
         f"distributed.{k}={getattr(d, k)}"

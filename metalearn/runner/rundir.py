@@ -233,19 +233,18 @@ STORES = ("checkpoints", "best")  # a run's checkpoint stores, under its directo
 
 def enclosing_store(workdir: str) -> str | None:
     """The checkpoint store (``checkpoints/`` or ``best/``) of another run that ``workdir`` is
-        or lies inside, or None. That run would take ``workdir`` for a damaged checkpoint of its own
-        and move it away.
+    or lies inside, or None. That run would take ``workdir`` for a damaged checkpoint of its own
+    and move it away.
 
-        >>> import tempfile
-    import time
-        >>> root = tempfile.mkdtemp()
-        >>> os.makedirs(os.path.join(root, "checkpoints"))
-        >>> open(os.path.join(root, "checkpoints", RECORD), "w").close()
-        >>> store = os.path.join(root, "checkpoints")
-        >>> enclosing_store(os.path.join(store, "30")) == store
-        True
-        >>> enclosing_store(os.path.join(root, "run2")) is None
-        True
+    >>> import tempfile
+    >>> root = tempfile.mkdtemp()
+    >>> os.makedirs(os.path.join(root, "checkpoints"))
+    >>> open(os.path.join(root, "checkpoints", RECORD), "w").close()
+    >>> store = os.path.join(root, "checkpoints")
+    >>> enclosing_store(os.path.join(store, "30")) == store
+    True
+    >>> enclosing_store(os.path.join(root, "run2")) is None
+    True
     """
     path = os.path.abspath(workdir)
     while True:

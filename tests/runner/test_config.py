@@ -54,7 +54,6 @@ def test_sinusoid_maml_is_the_papers_setup():
         ("trainer.shots=10000000000", "trainer.shots=10000000000 is beyond the 32-bit"),
         # Settings the chosen option ignores: each ran silently, eval.json identical to a run
         # without them.
-        ("optimizer.final_lr_fraction=0.5", "is used by optimizer.schedule=cosine only"),
         ("distributed.num_processes=4", "distributed.num_processes=4 is used with distributed"),
         ("eval.shots=[1,10000000000]", "eval.shots=10000000000 is beyond the 32-bit"),
         ("trainer.task_batching=magic", "trainer.task_batching must be one of"),

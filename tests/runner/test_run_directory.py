@@ -56,11 +56,12 @@ def run_copy(finished_run, tmp_path) -> Path:
 
 
 def snapshot(run_dir: Path) -> dict[str, bytes]:
-    """Every file of the run directory (train.log aside), by relative path."""
+    """Every file of the run directory, by relative path: train.log aside (a refused process
+    logs why), and .lock (it names the last process that opened the directory to train)."""
     return {
         str(p.relative_to(run_dir)): p.read_bytes()
         for p in sorted(run_dir.rglob("*"))
-        if p.is_file() and p.name != "train.log"
+        if p.is_file() and p.name not in ("train.log", ".lock")
     }
 
 
