@@ -409,6 +409,13 @@ def validate(cfg: Config) -> None:
         f"optimizer.final_lr_fraction must be in [0, 1], got {o.final_lr_fraction}",
     )
     d = cfg.distributed
+    if d.coordinator_address is not None:  # "notaport" was an IndexError traceback in JAX
+        host, _, port = str(d.coordinator_address).rpartition(":")
+        _require(
+            bool(host) and port.isdigit() and 0 < int(port) < 65536,
+            f"distributed.coordinator_address={d.coordinator_address} is not HOST:PORT (the "
+            "first process's host name or address and a free port, e.g. node01:12345)",
+        )
     unused = [
         f"distributed.{k}={getattr(d, k)}"
         for k in ("coordinator_address", "num_processes", "process_id")

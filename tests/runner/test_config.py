@@ -55,6 +55,10 @@ def test_sinusoid_maml_is_the_papers_setup():
         # Settings the chosen option ignores: each ran silently, eval.json identical to a run
         # without them.
         ("distributed.num_processes=4", "distributed.num_processes=4 is used with distributed"),
+        (  # an IndexError traceback from inside jax.distributed.initialize
+            "distributed.coordinator_address=notaport",
+            "distributed.coordinator_address=notaport is not HOST:PORT",
+        ),
         ("eval.shots=[1,10000000000]", "eval.shots=10000000000 is beyond the 32-bit"),
         ("trainer.task_batching=magic", "trainer.task_batching must be one of"),
         ("eval.steps=[-1]", "eval.steps must be >= 0"),
