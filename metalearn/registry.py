@@ -120,15 +120,18 @@ class Registry:
     def outside_files(self) -> set[str]:
         """The source files of the entries registered from outside metalearn (a researcher's
         own modules): their factories' and config classes'."""
-        files = set()
-        for entry in self._entries.values():
-            for part in (entry.factory, entry.config_cls):
-                if not part.__module__.startswith("metalearn."):
-                    with contextlib.suppress(TypeError, OSError):
-                        path = inspect.getsourcefile(part)
-                        if path:
-                            files.add(os.path.abspath(path))
-        return files
+        parts = [p for e in self._entries.values() for p in (e.factory, e.config_cls)]
+        return {path for path in map(_outside_source_file, parts) if path}
+
+
+def _outside_source_file(part: Callable | type) -> str | None:
+    """The absolute source file of a factory or class defined outside metalearn, or None."""
+    if part.__module__.startswith("metalearn."):
+        return None
+    with contextlib.suppress(TypeError, OSError):
+        path = inspect.getsourcefile(part)
+        return os.path.abspath(path) if path else None
+    return None
 
 
 def _origin(factory: Callable) -> str:
@@ -220,10 +223,10 @@ def selected_parts(cfg: Any) -> dict[str, str]:
     for key in (*GROUPS, *OTHER_PARTS):
         value = cfg
         for attribute in [key, "name"] if key in GROUPS else key.split("."):
-            get = (
-                value.get if isinstance(value, Mapping) else lambda a, v=value: getattr(v, a, None)
-            )
-            value = get(attribute)
+            if isinstance(value, Mapping):
+                value = value.get(attribute)
+            else:
+                value = getattr(value, attribute, None)
             if value is None:
                 break
         if isinstance(value, str):
@@ -332,12 +335,8 @@ def user_code_frame(err: BaseException) -> traceback.FrameSummary | None:
     in one line.
     """
     files = set().union(*(r.outside_files() for r in GROUPS.values()))
-    for factory in (f for parts in OTHER_PARTS.values() for f in parts.values()):
-        if not factory.__module__.startswith("metalearn."):
-            with contextlib.suppress(TypeError, OSError):
-                path = inspect.getsourcefile(factory)
-                if path:
-                    files.add(os.path.abspath(path))
+    factories = [f for parts in OTHER_PARTS.values() for f in parts.values()]
+    files |= {path for path in map(_outside_source_file, factories) if path}
     frames = [f for f in traceback.extract_tb(err.__traceback__) if f.filename in files]
     return frames[-1] if frames else None
 

@@ -42,7 +42,6 @@ from metalearn.registry import (
     load_plugins,
     selected_parts,
     user_code_error,
-    user_code_frame,
 )
 from metalearn.runner.compilation_cache import enable_compilation_cache
 from metalearn.runner.cpu_backend import schedule_lapack_calls_serially, start_cpu_devices
@@ -124,8 +123,11 @@ def main(cfg: DictConfig) -> float | None:
     except RunDirectoryError as err:
         return _failed(workdir, sweep, f"error: {err}", 2, status="refused")
     except (ValueError, FileNotFoundError, NonFiniteError, DataSourceError) as err:
-        if isinstance(err, ValueError) and user_code_frame(err) is not None:
-            return _failed_in_user_code(err, cfg, workdir, sweep)  # raised by their own code
+        # Raised by the researcher's own code (their file and line; not merely while a part of
+        # theirs was in use: the library's own ValueErrors say what is wrong themselves).
+        in_user_code = user_code_error(err) if isinstance(err, ValueError) else None
+        if in_user_code:
+            return _failed_in_user_code(in_user_code, workdir, sweep)
         return _failed(workdir, sweep, f"error: {err}", 2)
     except Exception as err:
         out_of_memory = out_of_memory_message(err)
@@ -134,8 +136,9 @@ def main(cfg: DictConfig) -> float | None:
         no_space = no_space_message(err, workdir)
         if no_space:  # TensorBoard's exit handler would flush into the full disk again: skip it
             _failed(workdir, sweep, f"error: {no_space}", 2, exit_now=True)
-        if user_code_error(err, selected_parts(cfg)):
-            return _failed_in_user_code(err, cfg, workdir, sweep)
+        in_user_code = user_code_error(err, selected_parts(cfg))
+        if in_user_code:
+            return _failed_in_user_code(in_user_code, workdir, sweep)
         if not sweep:
             raise
         message = f"error: {type(err).__name__}: {err}".splitlines()[0]
@@ -150,15 +153,14 @@ def main(cfg: DictConfig) -> float | None:
     return summary["best_val_score"]
 
 
-def _failed_in_user_code(err: Exception, cfg: DictConfig, workdir: str, sweep: bool) -> None:
-    """An error in a researcher's own algorithm, model, task family or environment: one line
-    naming their code or part (:func:`metalearn.registry.user_code_error`); the traceback goes
-    to the run directory's ``error.txt``."""
+def _failed_in_user_code(in_user_code: str, workdir: str, sweep: bool) -> None:
+    """An error in a researcher's own algorithm, model, task family or environment: the one
+    line of :func:`metalearn.registry.user_code_error` naming their code or part; the
+    traceback of the exception being handled goes to the run directory's ``error.txt``."""
     details = traceback.format_exc()
     if not sweep:  # a sweep's job writes it with its status record
         with contextlib.suppress(OSError):
             write_error_details(workdir, details)
-    in_user_code = user_code_error(err, selected_parts(cfg))
     message = f"error: {in_user_code}; the traceback is in {workdir}/{ERROR_DETAILS}"
     return _failed(workdir, sweep, message, 2, details)
 
