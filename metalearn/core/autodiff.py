@@ -76,6 +76,17 @@ def per_example_grads(
                 "(params and each batched argument)"
             )
     axes = (in_axes,) * (1 + len(args)) if isinstance(in_axes, int) else in_axes
+    if not jax.tree_util.tree_leaves(axes):  # None leaves are no leaves: nothing is mapped
+        if not args:
+            raise ValueError(
+                "per_example_grads: only params was given, so there are no examples to take "
+                "gradients of: pass them after params, e.g. "
+                "per_example_grads(loss_fn, params, x, y)"
+            )
+        raise ValueError(
+            f"per_example_grads: in_axes={in_axes!r} maps no argument: give the axis of the "
+            f"examples in each batched argument, e.g. in_axes={(None,) + (0,) * len(args)!r}"
+        )
 
     if batch_of_one:
 

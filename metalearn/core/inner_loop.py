@@ -25,15 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from metalearn.core.checks import check_count
+
 PyTree = Any
 LossFn = Callable[[PyTree, PyTree], jax.Array]
-
-
-def _check_num_steps(num_steps: int) -> int:
-    """``num_steps`` as an int (NumPy integers too: a loop over ``np.arange`` gives them)."""
-    if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 1:
-        raise ValueError(f"num_steps must be an integer >= 1, got {num_steps!r}")
-    return int(num_steps)
 
 
 def _check_finite_rate(inner_lr: float | PyTree | None) -> None:
@@ -163,7 +158,7 @@ def _run_inner_loop(
     remat: bool,
     keep_trajectory: bool,
 ) -> tuple[PyTree, PyTree | None]:
-    num_steps = _check_num_steps(num_steps)
+    num_steps = check_count("num_steps", num_steps)
     if unroll is None:
         unroll = 1 if remat else True
     if (inner_lr is None) == (optimizer is None):

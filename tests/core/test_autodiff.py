@@ -129,3 +129,19 @@ def test_straight_through_round_has_round_value_and_unit_gradient():
     np.testing.assert_array_equal(st_round(x), jnp.round(x))
     np.testing.assert_array_equal(jax.grad(lambda z: jnp.sum(st_round(z)))(x), jnp.ones(3))
     assert float(jax.grad(jnp.round)(1.7)) == 0.0  # the plain function would block gradients
+
+
+@pytest.mark.parametrize(
+    "args, in_axes, message",
+    [
+        ((), None, r"only params was given, so there are no examples"),
+        ((jnp.ones(3),), (None, None), r"in_axes=\(None, None\) maps no argument"),
+        ((jnp.ones(3), (jnp.ones(3),)), [None, None, (None,)], r"in_axes=.* maps no argument"),
+    ],
+)
+def test_per_example_grads_without_a_batched_argument_is_one_line(args, in_axes, message):
+    # vmap's own "vmap must have at least one non-None value in in_axes" named neither the
+    # function nor what to pass.
+    loss = lambda p, *rest: jnp.sum(p**2)  # noqa: E731
+    with pytest.raises(ValueError, match=f"^per_example_grads: {message}"):
+        per_example_grads(loss, jnp.ones(3), *args, in_axes=in_axes)

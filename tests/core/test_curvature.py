@@ -217,3 +217,179 @@ def test_numpy_integers_are_step_counts():
     A = jnp.diag(jnp.array([1.0, 2.0, 5.0]))
     ritz = lanczos_eigenvalues(lambda v: A @ v, jnp.ones(3), np.int64(3))
     np.testing.assert_allclose(ritz, [1.0, 2.0, 5.0], rtol=1e-5)
+
+
+def _solve(a, b, **kwargs):
+    a = jnp.asarray(a, jnp.float32)
+    return cg_solve(lambda v: a @ v, jnp.asarray(b, jnp.float32), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "a, b",
+    [
+        ([[1.0, 0.0], [0.0, -1.0]], [1.0, 1.0]),  # p^T A p = 0 at the first direction: was NaN
+        ([[2.0, 0.0], [0.0, -1.0]], [1.0, 1.0]),  # negative at the second
+        ([[1.0, 0.0], [0.0, 0.0]], [1.0, 1.0]),  # singular, b outside its range: was [nan, inf]
+        ([[1.0, 1.0], [1.0, 1.0]], [1.0, 0.0]),  # singular, was [inf, -inf]
+        ([[0.0, 0.0], [0.0, 0.0]], [1.0, 2.0]),  # zero operator: was [inf, inf]
+    ],
+)
+def test_cg_stops_at_a_direction_of_nonpositive_curvature_and_says_so(a, b):
+    # CG divided by p^T A p, zero or negative off the positive-definite operators it is for,
+    # and returned NaN or infinities without a sign. Now it stops before such a direction and
+    # returns the last iterate, every step of which had positive curvature, so x^T A x > 0
+    # holds for the x it returns (TRPO scales its step by 1 / sqrt(x^T A x)).
+    result = _solve(a, b, max_iters=10, tol=0.0)
+    x = np.asarray(result.x, np.float64)
+    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert np.all(np.isfinite(x)) and bool(result.nonpositive_curvature)
+    assert int(result.iterations) < 2  # the step it could not take is not counted
+    np.testing.assert_allclose(result.residual, b64 - a64 @ x, atol=1e-6)  # what it reports
+    np.testing.assert_allclose(result.residual_norm, np.linalg.norm(b64 - a64 @ x), atol=1e-6)
+    assert x @ a64 @ x >= 0.0
+
+
+def test_cg_solves_what_it_can_of_singular_and_indefinite_systems():
+    # Singular positive semi-definite, b in its range: CG from 0 stays in the range and ends
+    # at the least-norm solution, numpy's pinv(A) b.
+    rng = np.random.default_rng(0)
+    m = rng.normal(size=(5, 3))
+    a = m @ m.T  # rank 3 of 5
+    b = a @ rng.normal(size=5)
+    result = _solve(a, b, max_iters=10, tol=1e-6)
+    np.testing.assert_allclose(result.x, np.linalg.pinv(a) @ b, rtol=1e-3, atol=1e-3)
+    assert not bool(result.nonpositive_curvature)
+    # Indefinite, b in the span of the positive eigenvectors: numpy's solve.
+    a = np.array([[2.0, 0.0], [0.0, -1.0]])
+    result = _solve(a, [1.0, 0.0], max_iters=10)
+    np.testing.assert_allclose(result.x, np.linalg.solve(a, [1.0, 0.0]), rtol=1e-6)
+    assert not bool(result.nonpositive_curvature)
+
+
+def test_a_breakdown_under_jit_and_vmap_stops_only_its_own_solve():
+    a = jnp.array([[1.0, 0.0], [0.0, -1.0]])
+    bs = jnp.array([[1.0, 1.0], [1.0, 0.0]])  # the first breaks down at once, the second solves
+    result = jax.jit(jax.vmap(lambda b: cg_solve(lambda v: a @ v, b, max_iters=5)))(bs)
+    np.testing.assert_allclose(result.x, [[0.0, 0.0], [1.0, 0.0]])
+    np.testing.assert_array_equal(result.nonpositive_curvature, [True, False])
+
+
+@pytest.mark.parametrize(
+    "tol", [jnp.array(-1.0), np.float32(-1.0), np.array(-1e-3), jnp.array(jnp.nan)]
+)
+def test_cg_solve_refuses_a_negative_tolerance_of_any_type(tol):
+    # Only Python numbers were checked: a negative array or NumPy tol, squared, stopped at once
+    # and returned x = 0 with tol=-1.
+    with pytest.raises(ValueError, match=r"^cg_solve: tol must be >= 0, got "):
+        cg_solve(lambda v: 2 * v, jnp.ones(3), tol=tol)
+
+
+@pytest.mark.parametrize("tol", [jnp.ones(3) * 1e-6, "1e-6", None])
+def test_cg_solve_refuses_a_tolerance_that_is_not_one_number(tol):
+    with pytest.raises(ValueError, match=r"^cg_solve: tol must be one number >= 0, got "):
+        cg_solve(lambda v: 2 * v, jnp.ones(3), tol=tol)
+
+
+def test_a_tolerance_given_as_an_array_or_traced_still_works():
+    a = jnp.array([[4.0, 1.0], [1.0, 3.0]])
+    b = jnp.array([1.0, 2.0])
+    want = np.linalg.solve(np.asarray(a), np.asarray(b))
+    np.testing.assert_allclose(cg_solve(lambda v: a @ v, b, tol=jnp.array(1e-7)).x, want, 1e-5)
+    solve = jax.jit(lambda tol: cg_solve(lambda v: a @ v, b, tol=tol).x)
+    np.testing.assert_allclose(solve(jnp.array(1e-7)), want, rtol=1e-5)
+
+
+F32, F64 = jnp.float32, jnp.float64
+A_SPD = np.array([[4.0, 1.0], [1.0, 3.0]])
+
+
+@pytest.mark.parametrize(
+    "b_dtype, a_dtype, x0_dtype",
+    [(F32, F64, None), (F64, F32, None), (F32, F32, F64), (F64, F64, F32)],
+)
+def test_cg_solves_in_the_dtype_of_b_whatever_the_operator_returns(b_dtype, a_dtype, x0_dtype):
+    # An operator or start of another precision failed inside lax.while_loop ("carry input and
+    # carry output must have equal types") when b was the narrower one.
+    with jax.enable_x64(True):
+        a = jnp.asarray(A_SPD, a_dtype)
+        b = jnp.array([1.0, 2.0], b_dtype)
+        x0 = None if x0_dtype is None else jnp.zeros(2, x0_dtype)
+        result = cg_solve(lambda v: a @ v, b, x0=x0, max_iters=5)
+        assert result.x.dtype == b_dtype and result.residual.dtype == b_dtype
+        np.testing.assert_allclose(result.x, np.linalg.solve(A_SPD, [1.0, 2.0]), rtol=1e-5)
+
+
+def test_cg_solves_a_pytree_of_mixed_precision_leaf_by_leaf():
+    with jax.enable_x64(True):
+        b = {"a": jnp.ones(2, F32), "b": jnp.ones(3, F64)}
+        result = cg_solve(lambda v: jax.tree_util.tree_map(lambda x: 2 * x, v), b)
+        assert (result.x["a"].dtype, result.x["b"].dtype) == (F32, F64)
+        np.testing.assert_allclose(result.x["a"], [0.5, 0.5])
+        np.testing.assert_allclose(result.x["b"], [0.5, 0.5, 0.5])
+
+
+@pytest.mark.parametrize(
+    "matvec, x0, message",
+    [
+        (lambda v: jnp.ones(3), None, r"matvec\(v\) has shape \(3,\) where b has \(2,\)"),
+        (lambda v: (v, v), None, r"matvec\(v\) must have the structure of b, PyTreeDef\(\*\), "),
+        (lambda v: v, jnp.zeros(3), r"x0 has shape \(3,\) where b has \(2,\)"),
+    ],
+)
+def test_cg_solve_names_an_operator_or_start_that_does_not_fit_b(matvec, x0, message):
+    with pytest.raises(ValueError, match=f"^cg_solve: {message}"):
+        cg_solve(matvec, jnp.ones(2), x0=x0)
+
+
+@pytest.mark.parametrize("v_dtype, a_dtype", [(F32, F64), (F64, F32)])
+def test_lanczos_runs_in_the_dtype_of_its_start_vector(v_dtype, a_dtype):
+    # A float64 operator on a float32 start vector failed inside fori_loop's carry.
+    with jax.enable_x64(True):
+        a = jnp.asarray(A_SPD, a_dtype)
+        ritz = lanczos_eigenvalues(lambda v: a @ v, jnp.ones(2, v_dtype), 2)
+        assert ritz.dtype == v_dtype
+        np.testing.assert_allclose(ritz, np.linalg.eigvalsh(A_SPD), rtol=1e-5)
+
+
+def test_lanczos_names_an_operator_that_does_not_return_a_flat_vector():
+    message = r"^lanczos_eigenvalues: matvec\(v\) has shape \(3, 1\) where v0 has \(3,\)"
+    with pytest.raises(ValueError, match=message):
+        lanczos_eigenvalues(lambda v: jnp.ones((3, 1)), jnp.ones(3), 2)
+
+
+@pytest.mark.parametrize("p_dtype, v_dtype", [(F32, F64), (F64, F32), (F32, jnp.int32)])
+def test_hvp_takes_v_in_the_dtype_of_params(p_dtype, v_dtype):
+    # jax.jvp refused a tangent of another dtype than its primal, a TypeError from inside it.
+    with jax.enable_x64(True):
+        got = hvp(lambda p: jnp.sum(p**3), jnp.array([1.0, 2.0], p_dtype), jnp.ones(2, v_dtype))
+        assert got.dtype == p_dtype
+        np.testing.assert_allclose(got, [6.0, 12.0])
+
+
+@pytest.mark.parametrize(
+    "v, message",
+    [
+        ({"a": jnp.ones(2)}, r"v must have the structure of params"),
+        ([1.0, 1.0], r"v must have the structure of params"),
+        (jnp.ones(3), r"v has shape \(3,\) where params has \(2,\)"),
+        (jnp.ones(2, jnp.complex64), r"v must be real numbers, got complex64"),
+    ],
+)
+def test_hvp_names_a_direction_that_does_not_fit_params(v, message):
+    with pytest.raises(ValueError, match=f"^hvp: {message}"):
+        hvp(lambda p: jnp.sum(p**3), jnp.array([1.0, 2.0]), v)
+
+
+@pytest.mark.parametrize(
+    "params", [jnp.array([1, 2]), {"w": jnp.ones(2), "n": jnp.array(3)}, jnp.array([True])]
+)
+def test_curvature_of_integer_params_is_one_line(params):
+    # top_hessian_eigenvalue failed in jax.random.normal ("dtype argument to `normal` must be a
+    # float or complex dtype"), hvp inside jax.jvp (a float0 tangent was expected).
+    f = lambda p: sum(jnp.sum(x**2) for x in jax.tree_util.tree_leaves(p))  # noqa: E731
+    with pytest.raises(
+        ValueError, match=r"^top_hessian_eigenvalue: params must be floating point to be diff"
+    ):
+        top_hessian_eigenvalue(f, params, jax.random.key(0))
+    with pytest.raises(ValueError, match=r"^hvp: params must be floating point to be diff"):
+        hvp(f, params, params)
