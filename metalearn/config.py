@@ -21,7 +21,7 @@ import sys
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
@@ -56,6 +56,23 @@ class OptimizerConfig:
 class TrainerConfig:
     """The training loop."""
 
+    # Settings an evaluation of a saved run does not read (metalearn.evaluate refuses them as
+    # overrides), each with what sets its part of an evaluation ("" when nothing does). Any
+    # config class may declare its own: see :func:`training_only_reason`.
+    TRAINING_ONLY: ClassVar[Mapping[str, str]] = {
+        "meta_steps": "",
+        "meta_batch_size": "",
+        "shots": "eval.shots are the evaluation's shots",
+        "steps_per_call": "",
+        "log_every": "",
+        "eval_every": "",
+        "checkpoint_every": "",
+        "keep_checkpoints": "",
+        "resume": "",
+        "allow_changes": "",
+        "progress_bar": "evaluate shows its progress on stderr by itself",
+    }
+
     meta_steps: int = 70_000  # meta-updates in the whole run
     meta_batch_size: int = 25
     shots: int = 10  # support examples per class (per task for regression) during training
@@ -83,6 +100,11 @@ class TrainerConfig:
 class EvalConfig:
     """Held-out evaluation: mean and 95% confidence interval over ``num_tasks`` tasks."""
 
+    TRAINING_ONLY: ClassVar[Mapping[str, str]] = {
+        "val_tasks": "eval.num_tasks is the number of test tasks",
+        "select_best": "--which best|latest|init chooses the parameters evaluated",
+    }
+
     shots: list[int] = dataclasses.field(default_factory=lambda: [5, 10, 20])
     steps: list[int] = dataclasses.field(default_factory=lambda: [0, 1, 5, 10])
     num_tasks: int = 600
@@ -104,6 +126,15 @@ class DistributedConfig:
 
 @dataclasses.dataclass
 class Config:
+    # Top-level keys and whole sections an evaluation does not read.
+    TRAINING_ONLY: ClassVar[Mapping[str, str]] = {
+        "seed": "the test tasks are drawn from eval.seed",
+        "name": "",
+        "run_name": "",
+        "optimizer": "",
+        "distributed": "evaluate runs in one process",
+    }
+
     algorithm: Any = MISSING
     model: Any = MISSING
     data: Any = MISSING
@@ -114,6 +145,33 @@ class Config:
     seed: int = 0
     name: str = "run"
     run_name: str = ""  # name plus what the command line changed (conf/config.yaml); the run dir
+
+
+def training_only_reason(cfg: Config, key: str) -> str | None:
+    """Why an evaluation of a run with config ``cfg`` cannot depend on the setting ``key``
+    (dotted, as on the command line): it is read in training only, as the ``TRAINING_ONLY``
+    mapping of :class:`Config` or of the section's config class declares; None when an
+    evaluation reads it. A researcher's own config class may declare such a mapping too.
+
+    >>> training_only_reason(Config(), "seed")
+    'seed is read in training only (the test tasks are drawn from eval.seed)'
+    >>> training_only_reason(Config(), "trainer.meta_steps")
+    'trainer.meta_steps is read in training only'
+    >>> training_only_reason(Config(), "optimizer.lr")
+    'optimizer.lr is read in training only'
+    >>> training_only_reason(Config(), "eval.num_tasks") is None
+    True
+    """
+    section, _, rest = key.lstrip("+").partition(".")
+    if section in Config.TRAINING_ONLY:
+        setting, hint = key.lstrip("+"), Config.TRAINING_ONLY[section]
+    else:
+        declared = getattr(type(getattr(cfg, section, None)), "TRAINING_ONLY", {})
+        name = rest.partition(".")[0]
+        if name not in declared:
+            return None
+        setting, hint = f"{section}.{name}", declared[name]
+    return f"{setting} is read in training only" + (f" ({hint})" if hint else "")
 
 
 # Config groups whose choice on the command line becomes part of the run name.

@@ -8,9 +8,11 @@ records, in the ``eval.json`` format plus ``checkpoint`` (best, latest or init) 
 the parameters actually evaluated (or ``--out``, checked before the evaluation starts; a file
 there made with other overrides is replaced, and a line says so). Any setting of the saved config
 can be overridden as ``key=value`` (e.g. ``eval.num_tasks=1000``), written as for
-``metalearn.train``; an override that does not parse, an unknown key, an unreadable or corrupt
-config, a missing checkpoint, an unwritable ``--out`` or a bad flag ends in one ``error:`` line
-and exit status 2; Ctrl-C ends in one line, exit status 130.
+``metalearn.train``; an override that does not parse, an unknown key, a setting read in
+training only (``seed``, ``optimizer.*``, ``trainer.meta_steps``, ``algorithm.inner_steps``:
+the evaluation's are ``eval.seed`` and ``eval.steps``), an unreadable or corrupt config, a
+missing checkpoint, an unwritable ``--out`` or a bad flag ends in one ``error:`` line and exit
+status 2; Ctrl-C ends in one line, exit status 130.
 """
 
 from __future__ import annotations
@@ -32,7 +34,14 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
-from metalearn.config import GROUPS, Config, check_writable_file, rename_old_keys, to_objects
+from metalearn.config import (
+    GROUPS,
+    Config,
+    check_writable_file,
+    rename_old_keys,
+    to_objects,
+    training_only_reason,
+)
 from metalearn.config_errors import composition_error_message
 from metalearn.data.sources import one_line
 from metalearn.registry import load_plugins, selected_parts, user_code_error
@@ -91,9 +100,12 @@ def load_run_config(run_dir: str, overrides: list[str]) -> Config:
         print(f"{path} predates renamed keys: read {', '.join(moved)}", file=sys.stderr)
     patch = _override_config(overrides, saved)
     try:  # unknown keys are refused by to_objects, naming the closest
-        return to_objects(OmegaConf.merge(saved, patch))
+        cfg = to_objects(OmegaConf.merge(saved, patch))
     except OmegaConfBaseException as err:  # a value of the wrong type, in a file or an override
         wrong = _wrong_value(err)
+    else:
+        _refuse_training_settings(overrides, cfg)
+        return cfg
     try:
         to_objects(saved)
     except OmegaConfBaseException as err:  # in the file itself
@@ -103,6 +115,19 @@ def load_run_config(run_dir: str, overrides: list[str]) -> Config:
     raise ValueError(
         f"{wrong}: check the overrides ({' '.join(overrides) or 'none'}) against the keys in {path}"
     )
+
+
+def _refuse_training_settings(overrides: Sequence[str], cfg: Config) -> None:
+    """ValueError for the first override of a setting an evaluation does not read
+    (:func:`metalearn.config.training_only_reason`): it was recorded in the evaluation's
+    ``overrides`` as if it had changed the numbers."""
+    for override in overrides:
+        reason = training_only_reason(cfg, override.partition("=")[0])
+        if reason:
+            raise ValueError(
+                f"{override} cannot change an evaluation: {reason}; leave it out "
+                "(nothing was evaluated)"
+            )
 
 
 def sweep_jobs(directory: str) -> list[str]:

@@ -231,6 +231,27 @@ def test_evaluate_with_a_misspelt_key(run_config_dir, override, fragments):
     assert "+eval is" not in line
 
 
+@pytest.mark.parametrize(
+    "override, fragments",
+    [
+        ("seed=3", ["seed is read in training only", "drawn from eval.seed"]),
+        (
+            "algorithm.inner_steps=5",
+            ["algorithm.inner_steps is read in training only", "eval.steps"],
+        ),
+        ("eval.select_best=false", ["eval.select_best is read in training only", "--which"]),
+        ("optimizer.lr=0.1", ["optimizer.lr is read in training only"]),
+        ("+trainer.meta_steps=10", ["trainer.meta_steps is read in training only"]),
+    ],
+)
+# Evaluated as without it, and recorded in the evaluation's overrides as if it had counted.
+def test_evaluate_refuses_a_training_setting(run_config_dir, override, fragments):
+    result = run_cli(str(run_config_dir), override, module="metalearn.evaluate")
+    error_line(
+        result, f"{override} cannot change an evaluation", *fragments, "nothing was evaluated"
+    )
+
+
 @pytest.mark.parametrize("override", ["eval.steps=[0,1", "eval.num_tasks={"])
 def test_evaluate_with_an_override_that_does_not_parse(run_config_dir, override):
     # A 50-line yaml.parser.ParserError traceback; now the line metalearn.train prints.

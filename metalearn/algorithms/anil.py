@@ -9,6 +9,8 @@ and head), through the inner loop."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import ClassVar
 
 from metalearn.algorithms.base import (
     MetaLearner,
@@ -26,6 +28,13 @@ from metalearn.registry import ALGORITHMS
 
 @dataclasses.dataclass
 class ANILConfig:
+    # Read in training only (metalearn.evaluate refuses them as overrides).
+    TRAINING_ONLY: ClassVar[Mapping[str, str]] = {
+        "inner_steps": "eval.steps are the evaluation's inner step counts",
+        "first_order": "",
+        "remat": "",
+    }
+
     name: str = "anil"
     inner_lr: float = 0.01
     inner_steps: int = 1

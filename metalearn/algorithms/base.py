@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from metalearn.core import adapt_trajectory
+from metalearn.core.checks import check_count as core_check_count
 from metalearn.data.task import Aux, Objective, Task
 from metalearn.registry import with_config  # noqa: F401  (the algorithms' factories use it)
 
@@ -183,9 +184,8 @@ def check_fraction(key: str, value: float) -> None:
 
 
 def check_count(key: str, value: int, minimum: int = 1) -> None:
-    """An integer ``value >= minimum`` (not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"algorithm.{key} must be an integer >= {minimum}, got {value!r}")
+    """An integer ``value >= minimum`` (not a bool), named ``algorithm.<key>``."""
+    core_check_count(f"algorithm.{key}", value, minimum)
 
 
 def check_choice(key: str, value: str, choices: Sequence[str]) -> None:

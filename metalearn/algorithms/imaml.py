@@ -24,6 +24,8 @@ to compile on CPU).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -72,6 +74,14 @@ def gauss_newton_vp(predict, output_loss, params, batch, v):
 
 @dataclasses.dataclass
 class IMAMLConfig:
+    # Read in training only (metalearn.evaluate refuses them as overrides).
+    TRAINING_ONLY: ClassVar[Mapping[str, str]] = {
+        "inner_steps": "eval.steps are the evaluation's inner step counts",
+        "cg_iters": "",
+        "cg_tol": "",
+        "curvature": "",
+    }
+
     name: str = "imaml"
     inner_lr: float = 0.01
     inner_steps: int = 20

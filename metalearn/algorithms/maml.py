@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import ClassVar
 
 from metalearn.algorithms.base import (
     MetaLearner,
@@ -23,6 +25,13 @@ from metalearn.registry import ALGORITHMS
 
 @dataclasses.dataclass
 class MAMLConfig:
+    # Read in training only (metalearn.evaluate refuses them as overrides).
+    TRAINING_ONLY: ClassVar[Mapping[str, str]] = {
+        "inner_steps": "eval.steps are the evaluation's inner step counts",
+        "first_order": "",
+        "remat": "",
+    }
+
     name: str = "maml"
     inner_lr: float = 0.01
     inner_steps: int = 1

@@ -35,6 +35,8 @@ step. Evaluating for more steps than ``inner_steps`` reuses the last step's rate
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -58,6 +60,12 @@ from metalearn.registry import ALGORITHMS
 
 @dataclasses.dataclass
 class MAMLPPConfig:
+    # Read in training only (metalearn.evaluate refuses them as overrides).
+    TRAINING_ONLY: ClassVar[Mapping[str, str]] = {
+        "msl_fraction": "",
+        "first_order_fraction": "",
+    }
+
     name: str = "mamlpp"
     inner_lr: float = 0.01
     inner_steps: int = 5

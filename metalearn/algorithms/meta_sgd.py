@@ -9,6 +9,8 @@ encodes a direction as well as a size).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +33,13 @@ from metalearn.registry import ALGORITHMS
 
 @dataclasses.dataclass
 class MetaSGDConfig:
+    # Read in training only (metalearn.evaluate refuses them as overrides).
+    TRAINING_ONLY: ClassVar[Mapping[str, str]] = {
+        "inner_lr": "it initialises the learned rates; the evaluation adapts with the checkpoint's",
+        "inner_steps": "eval.steps are the evaluation's inner step counts",
+        "first_order": "",
+    }
+
     name: str = "meta_sgd"
     inner_lr: float = 0.01
     inner_steps: int = 1

@@ -17,6 +17,8 @@ with the same inner optimiser, like MAML; no transduction.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import ClassVar
 
 import jax
 import optax
@@ -40,6 +42,11 @@ INNER_OPTIMIZERS = ("sgd", "adam")
 
 @dataclasses.dataclass
 class ReptileConfig:
+    # Read in training only (metalearn.evaluate refuses them as overrides).
+    TRAINING_ONLY: ClassVar[Mapping[str, str]] = {
+        "inner_steps": "eval.steps are the evaluation's inner step counts",
+    }
+
     name: str = "reptile"
     inner_lr: float = 0.01
     inner_steps: int = 5

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -57,6 +59,22 @@ class MAMLRLAlgorithmConfig:
     """``algorithm=maml_rl``; defaults are those of :mod:`metalearn.rl` (Finn et al.'s 2D
     navigation). Rollouts per inner step and the discount belong to the task family
     (``data.rollouts``, ``data.discount``); PPO's learning rate is ``optimizer.lr``."""
+
+    # Read in training only (metalearn.evaluate refuses them as overrides).
+    TRAINING_ONLY: ClassVar[Mapping[str, str]] = {
+        "estimator": "",
+        "outer": "",
+        "inner_steps": "eval.steps are the evaluation's inner step counts",
+        "inner_lr": "algorithm.eval_lrs are the evaluation's inner rates",
+        "post_rollouts": "algorithm.eval_rollouts are the evaluation's episodes",
+        "max_kl": "",
+        "cg_iters": "",
+        "cg_damping": "",
+        "backtrack_ratio": "",
+        "max_backtracks": "",
+        "ppo_clip": "",
+        "ppo_epochs": "",
+    }
 
     name: str = "maml_rl"
     estimator: str = MAMLRLConfig.estimator  # dice | lvc | maml (metalearn/rl/estimators.py)

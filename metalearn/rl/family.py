@@ -18,12 +18,13 @@ draws of it (the evaluation's own key stream, ``eval.seed``). ``shots`` means no
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from metalearn.core.checks import check_count
 from metalearn.data.task import Aux, Task, TaskFamily
 from metalearn.models.base import Model
 from metalearn.registry import TASKS
@@ -41,6 +42,11 @@ class RLTasksConfig:
     episode (0: the environment's own, 100 for nav2d and 200 for locomotion, as in Finn et al.;
     fewer make a run on a CPU affordable)."""
 
+    # Read in training only (metalearn.evaluate refuses them as overrides).
+    TRAINING_ONLY: ClassVar[Mapping[str, str]] = {
+        "rollouts": "algorithm.eval_rollouts are the evaluation's episodes",
+    }
+
     name: str = "rl_env"
     env: str = "nav2d"
     rollouts: int = InnerConfig.num_rollouts
@@ -50,8 +56,7 @@ class RLTasksConfig:
     def __post_init__(self) -> None:  # a bad value is refused when the config is made
         if self.env not in ENVS:
             raise ValueError(f"data.env must be one of {sorted(ENVS)}, got {self.env!r}")
-        if isinstance(self.rollouts, bool) or self.rollouts < 1:
-            raise ValueError(f"data.rollouts must be an integer >= 1, got {self.rollouts!r}")
+        check_count("data.rollouts", self.rollouts)
         if not 0.0 < self.discount <= 1.0:
             raise ValueError(f"data.discount must be in (0, 1], got {self.discount!r}")
         horizon = self.horizon
