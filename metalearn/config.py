@@ -35,7 +35,7 @@ import metalearn.rl  # noqa: F401  (registers the RL task family, policy model a
 from metalearn.config_errors import SCHEMA_SUFFIX, unknown_key_message, unknown_keys
 from metalearn.core.batching import TASK_BATCHING, is_task_batching
 from metalearn.data.sources import file_in_the_way
-from metalearn.registry import GROUPS
+from metalearn.registry import GROUPS, OTHER_PARTS
 
 
 @dataclasses.dataclass
@@ -230,7 +230,9 @@ def glob_free(text: str) -> str:
 
 
 def run_name(name: str, overrides: Sequence[str]) -> str:
-    """``name`` followed by the config groups the command line chose (what actually runs).
+    """``name`` followed by the config groups, and the other parts (``data.env``: an RL
+    environment, :data:`metalearn.registry.OTHER_PARTS`), the command line chose (what actually
+    runs), unless the name already says them.
 
     Groups come in the order of :data:`RUN_NAME_GROUPS`; an explicit ``name=...`` is kept as given.
 
@@ -241,15 +243,20 @@ def run_name(name: str, overrides: Sequence[str]) -> str:
     'reptile_sinusoid'
     >>> run_name("mine", ["name=mine", "algorithm=reptile"])
     'mine'
+    >>> run_name("rl_nav2d_maml", ["+experiment=rl_nav2d_maml", "data.env=ant_dir"])
+    'rl_nav2d_maml-data.env=ant_dir'
+    >>> run_name("rl_cheetah_dir_maml", ["data.env=cheetah_dir"])
+    'rl_cheetah_dir_maml'
     """
+    parts = (*RUN_NAME_GROUPS, *OTHER_PARTS)
     chosen = {}
     for override in overrides:
         key, sep, value = override.lstrip("+~").partition("=")
         if key == "name":
             return name
-        if sep and value and key in RUN_NAME_GROUPS and value not in name.split("_"):
+        if sep and value and key in parts and f"_{value}_" not in f"_{name}_":
             chosen[key] = value
-    return "-".join([name] + [f"{k}={chosen[k]}" for k in RUN_NAME_GROUPS if k in chosen])
+    return "-".join([name] + [f"{k}={chosen[k]}" for k in parts if k in chosen])
 
 
 def _run_name_from_hydra(name: str) -> str:

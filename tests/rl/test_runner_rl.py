@@ -384,3 +384,11 @@ def test_maml_rl_on_supervised_data_is_one_error_line(tmp_path):
         "+experiment=sinusoid_maml", "algorithm=maml_rl", f"hydra.run.dir={tmp_path / 'run'}"
     )
     error_line(result, "algorithm=maml_rl needs a reinforcement-learning task family")
+
+
+def test_the_run_name_says_which_environment_runs():
+    # It said rl_nav2d_maml (its outputs/ directory too) for a run on Ant.
+    changed = compose_config(["+experiment=rl_nav2d_maml", "data.env=ant_dir"])
+    assert changed.run_name == "rl_nav2d_maml-data.env=ant_dir"
+    same = compose_config(["+experiment=rl_cheetah_dir_maml", "data.env=cheetah_dir"])
+    assert same.run_name == "rl_cheetah_dir_maml"
