@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import errno
 import fcntl
 import hashlib
@@ -129,6 +130,35 @@ def fingerprint(flat: dict[str, Any]) -> str:
 
 def _matches(key: str, patterns) -> bool:
     return any(key == p or key.startswith(p + ".") for p in patterns)
+
+
+def _names(*flats: dict[str, Any]) -> list[str]:
+    """Every key of the flat configs ``flats`` and each section above it, and the IGNORED keys.
+
+    >>> {"trainer", "trainer.meta_steps"} <= set(_names({"trainer.meta_steps": 4}))
+    True
+    """
+    names = set(IGNORED)
+    for key in (k for flat in flats for k in flat):
+        parts = key.split(".")
+        names.update(".".join(parts[: i + 1]) for i in range(len(parts)))
+    return sorted(names)
+
+
+def check_allowed_changes(allowed: list[str], *flats: dict[str, Any]) -> None:
+    """RunDirectoryError unless each entry of ``trainer.allow_changes`` names a setting or
+    section of one of the flat configs ``flats`` (the new one, and the stored one of a rerun):
+    a misspelt entry allowed nothing, silently."""
+    names = _names(*flats)
+    for entry in allowed:
+        if entry not in names:
+            close = difflib.get_close_matches(str(entry), names, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise RunDirectoryError(
+                f"trainer.allow_changes: {entry!r} is not a setting or section of the config; "
+                f"name each as a refusal to resume names them (e.g. [trainer.meta_steps,eval])"
+                f"{hint}"
+            )
 
 
 def saved_steps(workdir: str) -> list[int]:
@@ -288,11 +318,13 @@ def check_outside_stores(directory: str, key: str = "hydra.run.dir") -> None:
 def check_rerun(cfg: Config, workdir: str) -> dict[str, tuple[Any, Any]]:
     """Raise RunDirectoryError if ``cfg`` must not run in ``workdir``; return allowed changes."""
     check_outside_stores(workdir)
+    new = flat_config(cfg)
     steps = saved_steps(workdir)
     evaluated = os.path.exists(os.path.join(workdir, "eval.json"))
     metrics = os.path.join(workdir, "metrics.jsonl")
     logged = os.path.exists(metrics) and os.path.getsize(metrics) > 0
     if not (steps or evaluated or logged):
+        check_allowed_changes(cfg.trainer.allow_changes, new)
         return {}  # nothing saved yet: a fresh start cannot mix anything
     if steps:
         held = f"checkpoints up to step {max(steps)}"
@@ -319,7 +351,8 @@ def check_rerun(cfg: Config, workdir: str) -> dict[str, tuple[Any, Any]]:
             f"checkpoints/{RECORD}): a run here would mix with them. Nothing was changed. "
             "Choose a new hydra.run.dir, or move those files away"
         )
-    changed = differences(stored, flat_config(cfg))
+    check_allowed_changes(cfg.trainer.allow_changes, new, stored)
+    changed = differences(stored, new)
     refused = {k: v for k, v in changed.items() if not _matches(k, cfg.trainer.allow_changes)}
     if refused:
         items = list(refused.items())[:5]

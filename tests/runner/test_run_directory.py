@@ -179,10 +179,25 @@ def test_an_optimizer_change_is_refused_and_the_newest_intact_step_is_the_latest
 
 
 def test_an_allowed_section_does_not_allow_a_key_that_merely_starts_like_it(run_copy):
+    # It was refused for the change it did not allow; now for the entry, naming the key.
     one_line_error(
         train(run_copy, "trainer.meta_steps=6", "trainer.allow_changes=[trainer.meta]"),
-        "trainer.meta_steps 4 -> 6",
+        "trainer.allow_changes: 'trainer.meta' is not a setting or section of the config",
+        "did you mean trainer.meta_steps?",
     )
+
+
+def test_an_allowed_change_that_names_nothing_is_refused(run_copy, tmp_path):
+    # trainer.allow_changes=[nonsense] was accepted, allowing nothing, on a fresh run too.
+    for directory in (run_copy, tmp_path / "fresh"):
+        allow = "trainer.allow_changes=[nonsense]"
+        result = cli("metalearn.train", *TINY, f"hydra.run.dir={directory}", allow)
+        one_line_error(result, "trainer.allow_changes: 'nonsense' is not a setting")
+    assert not list((tmp_path / "fresh").glob("**/*"))  # nothing written
+    # A key only the stored run has (maml's algorithm.first_order, absent from reptile) names
+    # a setting: the refusal is the run's different config, which it lists.
+    result = train(run_copy, "algorithm=reptile", "trainer.allow_changes=[algorithm.first_order]")
+    one_line_error(result, "different config", "algorithm.name")
 
 
 def test_a_directory_holding_only_a_finished_evaluation_is_a_run(run_copy):
