@@ -13,7 +13,7 @@ import dataclasses
 import difflib
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hydra.errors import MissingConfigException, OverrideParseException
@@ -36,6 +36,52 @@ def selectable(group: str, option: str) -> bool:
     if option.endswith(SCHEMA_SUFFIX):
         return False
     return not (group == "experiment" and option.startswith("base_"))
+
+
+def group_name_override(key: str, value: str) -> str | None:
+    """What is wrong with setting a config group's ``name`` key (``algorithm.name=reptile``):
+    the group's option sets it, with its settings; None for any other key.
+
+    >>> group_name_override("algorithm.name", "reptile")
+    'algorithm.name=reptile: choose the algorithm with algorithm=reptile (its option sets its name and settings)'
+    >>> group_name_override("name", "mine") is None
+    True
+    """  # noqa: E501
+    group, _, rest = key.lstrip("+~").partition(".")
+    if group in GROUPS and rest == "name":
+        return (
+            f"{key.lstrip('+~')}={value}: choose the {group} with {group}={value} (its option "
+            "sets its name and settings)"
+        )
+    return None
+
+
+def command_line_problem(argv: Sequence[str], experiments: Sequence[str]) -> str | None:
+    """The first override of ``argv`` that selects what is no option: a ``base_*`` experiment
+    (the parts experiments share; it ran as an experiment of its own, or failed to compose) or a
+    group's ``name`` key (:func:`group_name_override`); None when there is none. ``experiments``
+    are the selectable experiments, for the message.
+
+    >>> command_line_problem(["+experiment=base_sinusoid"], ["sinusoid_maml"])
+    'experiment=base_sinusoid holds what several experiments share and is not one to run; choose one of: sinusoid_maml'
+    >>> command_line_problem(["+experiment=sinusoid_maml", "seed=1"], ["sinusoid_maml"]) is None
+    True
+    """  # noqa: E501
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if not sep:
+            continue
+        if key.lstrip("+~") == "experiment":
+            for name in value.split(","):
+                if name.strip().startswith("base_"):
+                    return (
+                        f"experiment={name.strip()} holds what several experiments share and is "
+                        f"not one to run; choose one of: {', '.join(experiments)}"
+                    )
+        problem = group_name_override(key, value)
+        if problem:
+            return problem
+    return None
 
 
 def quoted_override(key: str, value: str) -> str:

@@ -210,11 +210,12 @@ def _override_config(overrides: Sequence[str], saved: DictConfig) -> DictConfig:
                 f"override {override!r}: evaluate takes plain key=value overrides (no ~ "
                 "deletion, a,b sweep or @package; a list is written [a,b])"
             )
-        if key in GROUPS:
+        group, _, setting = key.partition(".")
+        if group in GROUPS and setting in ("", "name"):  # algorithm=X, or algorithm.name=X
             raise ValueError(
-                f"{override}: a run is evaluated with the {key} it was trained with "
-                f"({key}={saved[key].get('name')}); override its settings instead "
-                f"({key}.KEY=VALUE)"
+                f"{override}: a run is evaluated with the {group} it was trained with "
+                f"({group}={saved[group].get('name')}); override its settings instead "
+                f"({group}.KEY=VALUE)"
             )
         OmegaConf.update(patch, key, item.value(), merge=True, force_add=True)
     return patch

@@ -34,7 +34,7 @@ from metalearn.config import (
     register_configs,
     to_objects,
 )
-from metalearn.config_errors import composition_error_message, selectable
+from metalearn.config_errors import command_line_problem, composition_error_message, selectable
 from metalearn.data.sources import DataSourceError
 from metalearn.registry import (
     GROUPS,
@@ -337,6 +337,20 @@ def _config_groups() -> list[str]:
     )
 
 
+def _experiments() -> list[str]:
+    """The experiments a command line may select (``+experiment=NAME``).
+
+    >>> "sinusoid_maml" in _experiments() and "base_sinusoid" not in _experiments()
+    True
+    """
+    names = os.listdir(os.path.join(CONF_DIR, "experiment"))
+    return sorted(
+        n.removesuffix(".yaml")
+        for n in names
+        if n.endswith(".yaml") and selectable("experiment", n.removesuffix(".yaml"))
+    )
+
+
 def _print_help() -> None:
     """Hydra's ``--help`` for this command line, listing only the options it may select."""
     captured = io.StringIO()
@@ -351,6 +365,10 @@ if __name__ == "__main__":
     sys.argv[1:] = _debug_after_experiment(_bare_flags_first(sys.argv[1:]))
     _exit_on_bad_flags(sys.argv[1:])
     exit_on_renamed_keys(sys.argv[1:], _config_groups())
+    _problem = command_line_problem(sys.argv[1:], _experiments())
+    if _problem:
+        print(f"error: {_problem}", file=sys.stderr)
+        sys.exit(2)
     for _signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(_signum, _stopped_early)
     if any(a in ("-h", "--help") for a in sys.argv[1:]):

@@ -467,3 +467,29 @@ def test_an_override_that_leaves_out_a_part_a_run_needs_is_one_line(tmp_path, ov
     result = run_cli(*TINY, override, f"hydra.run.dir={tmp_path / 'run'}")
     error_line(result, fragment)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        # It ran as an experiment of its own (base_sinusoid), or failed to compose: "In
+        # 'experiment/base_fewshot': ConfigKeyError raised while composing config: ...".
+        (
+            ["+experiment=base_fewshot"],
+            ["experiment=base_fewshot holds what several", "omniglot_5w1s"],
+        ),
+        (["-m", "+experiment=sinusoid_maml,base_sinusoid"], ["experiment=base_sinusoid holds"]),
+        # It said "algorithm.first_order is not a setting of algorithm (ReptileConfig: ...)", a
+        # key the command line did not name.
+        (["algorithm.name=reptile"], ["choose the algorithm with algorithm=reptile"]),
+    ],
+)
+def test_train_refuses_what_is_no_option(args, fragments, tmp_path):
+    result = run_cli(*args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    error_line(result, *fragments)
+    assert not (tmp_path / "run").exists() and not (tmp_path / "multirun").exists()
+
+
+def test_evaluate_refuses_another_algorithm_name(run_config_dir):
+    result = run_cli(str(run_config_dir), "algorithm.name=reptile", module="metalearn.evaluate")
+    error_line(result, "evaluated with the algorithm it was trained with (algorithm=maml)")
