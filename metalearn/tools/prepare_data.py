@@ -17,6 +17,7 @@ argument it does not know, ends in a one-line error and exit status 2.
 
 from __future__ import annotations
 
+import importlib.resources
 import sys
 import time
 
@@ -41,6 +42,17 @@ DIRECTORIES = {
     "data.manual_dir": "give the directory that holds the downloaded files",
     "data.data_dir": "give a directory for the prepared datasets (created if missing)",
 }
+
+
+def _generated_data() -> list[str]:
+    """The ``data=`` options with no dataset to prepare (sinusoid, the RL environments).
+
+    >>> {"sinusoid", "nav2d"} <= set(_generated_data()) and "omniglot" not in _generated_data()
+    True
+    """
+    options = importlib.resources.files("metalearn.conf").joinpath("data").iterdir()
+    names = (o.name.removesuffix(".yaml") for o in options if o.name.endswith(".yaml"))
+    return sorted(n for n in names if n not in BUILDERS)
 
 
 def parse_args(argv: list[str]) -> dict[str, str]:
@@ -71,6 +83,12 @@ def parse_args(argv: list[str]) -> dict[str, str]:
         if problem:
             raise ValueError(f"{problem}; {advice}")
     names = settings["data"].split(",")
+    generated = [n for n in names if n in _generated_data()]
+    if generated:  # it said "unknown sinusoid", which a run takes as data=sinusoid
+        raise ValueError(
+            f"data={generated[0]} needs no preparation: its tasks are generated as a run "
+            f"draws them; this prepares the image datasets ({', '.join(BUILDERS)})"
+        )
     unknown = [repr(n) if not n.strip() else n for n in names if n not in BUILDERS]
     if unknown:
         known = ", ".join(BUILDERS)

@@ -55,3 +55,11 @@ def test_a_setting_given_twice_is_refused(capsys):
     # An empty name in the list is named as one (it read "unknown ; known: ...").
     assert prepare_data.main(["data=omniglot,"]) == 2
     assert "unknown ''; known: omniglot" in capsys.readouterr().err
+
+
+def test_a_dataset_without_files_needs_no_preparation(capsys):
+    # `data=sinusoid` said "unknown sinusoid; known: omniglot, ...", though a run takes it.
+    for name in ("sinusoid", "nav2d", "omniglot,cheetah_dir"):
+        assert prepare_data.main([f"data={name}"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "needs no preparation" in err, err
