@@ -360,7 +360,12 @@ def test_an_output_directory_that_cannot_be_created_is_one_line():
 def test_out_of_memory_is_one_line_naming_what_bounds_memory(tmp_path):
     # A meta-batch of 2e9 tasks asks XLA for 66 TB: a 48-line JaxRuntimeError traceback before.
     result = run_cli(*TINY, "trainer.meta_batch_size=2000000000", f"hydra.run.dir={tmp_path}")
-    error_line(result, "out of memory on the device (RESOURCE_EXHAUSTED", "trainer.meta_batch_size")
+    error_line(
+        result,
+        "out of memory on the device (RESOURCE_EXHAUSTED",
+        "trainer.meta_batch_size",
+        "trainer.shots or data.num_queries",  # examples per task, which it left out
+    )
 
 
 # A full disk at the second checkpoint: the manifest write fails with ENOSPC, as it does on a

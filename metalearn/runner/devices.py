@@ -181,8 +181,9 @@ def is_primary_host() -> bool:
 
 
 TRAINING_MEMORY_ADVICE = (
-    "lower trainer.meta_batch_size (tasks per meta-step), eval.tasks_per_call (tasks per "
-    "evaluation call) or, for RL, data.rollouts or data.horizon; or set "
+    "lower trainer.meta_batch_size (tasks per meta-step), trainer.shots or data.num_queries "
+    "(examples per task), eval.tasks_per_call (tasks per evaluation call) or, for RL, "
+    "data.rollouts or data.horizon; or set "
     "trainer.task_batching=map (one task in memory at a time) or algorithm.remat=true where the "
     "algorithm has it. Checkpoints already saved are kept: rerun to resume"
 )

@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from metalearn.config import Config, to_objects
 from metalearn.config_errors import quoted_override
 from metalearn.data.sources import one_line
+from metalearn.tools import RUN_MARKS, holds_a_run
 
 RECORD = "config.json"  # under checkpoints/
 HYDRA_COPY = "hydra"  # under checkpoints/: the .hydra/ files of the run the record describes
@@ -259,12 +260,17 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any
 
 
 STORES = ("checkpoints", "best")  # a run's checkpoint stores, under its directory
+# What a run keeps in its other subdirectories, which another run written inside would mix with.
+OTHER_PARTS_OF_A_RUN = {
+    "tensorboard": "its TensorBoard logs would show this run's curves as its own",
+    ".hydra": "Hydra rewrites that run's files there on every start",
+}
 
 
 def enclosing_store(workdir: str) -> str | None:
-    """The checkpoint store (``checkpoints/`` or ``best/``) of another run that ``workdir`` is
-    or lies inside, or None. That run would take ``workdir`` for a damaged checkpoint of its own
-    and move it away.
+    """The checkpoint store (``checkpoints/`` or ``best/``), ``tensorboard/`` or ``.hydra/`` of
+    another run that ``workdir`` is or lies inside, or None. That run would take ``workdir``
+    for a damaged checkpoint of its own and move it away, or mix it into its own records.
 
     >>> import tempfile
     >>> root = tempfile.mkdtemp()
@@ -272,6 +278,8 @@ def enclosing_store(workdir: str) -> str | None:
     >>> open(os.path.join(root, "checkpoints", RECORD), "w").close()
     >>> store = os.path.join(root, "checkpoints")
     >>> enclosing_store(os.path.join(store, "30")) == store
+    True
+    >>> enclosing_store(os.path.join(root, "tensorboard", "b")) == os.path.join(root, "tensorboard")
     True
     >>> enclosing_store(os.path.join(root, "run2")) is None
     True
@@ -281,23 +289,28 @@ def enclosing_store(workdir: str) -> str | None:
         parent = os.path.dirname(path)
         if parent == path:
             return None
-        if os.path.basename(path) in STORES and os.path.isfile(
-            os.path.join(parent, "checkpoints", RECORD)
-        ):
+        name = os.path.basename(path)
+        if name in STORES and os.path.isfile(os.path.join(parent, "checkpoints", RECORD)):
+            return path
+        if name in OTHER_PARTS_OF_A_RUN and holds_a_run(parent):
             return path
         path = parent
 
 
 def check_outside_stores(directory: str, key: str = "hydra.run.dir") -> None:
     """Raise RunDirectoryError if ``directory`` (set by ``key``) is or lies inside another
-    run's checkpoint store (:func:`enclosing_store`)."""
+    run's checkpoint store, ``tensorboard/`` or ``.hydra/`` (:func:`enclosing_store`)."""
     store = enclosing_store(directory)
     if store is not None:
+        name = os.path.basename(store)
+        why = OTHER_PARTS_OF_A_RUN.get(
+            name, "that run would take this one for a damaged checkpoint and move it away"
+        )
+        parts = "/, ".join((*STORES, *OTHER_PARTS_OF_A_RUN))
         raise RunDirectoryError(
-            f"{key}={directory} lies inside {store}, a checkpoint store of the run in "
-            f"{os.path.dirname(store)}: that run would take this one for a damaged checkpoint "
-            f"and move it away. Nothing was written. Choose a {key} outside its "
-            f"{'/ and '.join(STORES)}/"
+            f"{key}={directory} lies inside {store}, part of the run in "
+            f"{os.path.dirname(store)}: {why}. Nothing was written. Choose a {key} outside "
+            f"its {parts}/"
         )
     # A run in a sweep's directory was tabulated by collect_sweep as one of its jobs; a sweep
     # in a run's directory put its jobs inside the run.
@@ -306,8 +319,7 @@ def check_outside_stores(directory: str, key: str = "hydra.run.dir") -> None:
             f"{key}={directory} is a sweep's directory (multirun.yaml): a run there would be "
             f"taken for one of its jobs. Nothing was written. Choose another {key}"
         )
-    marks = ("config.yaml", "checkpoints", "metrics.jsonl", "eval.json")
-    held = [m for m in marks if os.path.exists(os.path.join(directory, m))]
+    held = [m for m in RUN_MARKS if os.path.exists(os.path.join(directory, m))]
     if key == "hydra.sweep.dir" and held:
         raise RunDirectoryError(
             f"{key}={directory} holds a run ({', '.join(held)}): the sweep's jobs would be "

@@ -141,7 +141,8 @@ RUN_STORES = (".hydra", "checkpoints", "best", "tensorboard")
 RUN_MARKS = ("config.yaml", ".hydra", "checkpoints", "metrics.jsonl", "eval.json")
 
 
-def _holds_a_run(directory: str) -> bool:
+def holds_a_run(directory: str) -> bool:
+    """Whether ``directory`` holds a run (its config, Hydra files, checkpoints or records)."""
     return any(os.path.exists(os.path.join(directory, mark)) for mark in RUN_MARKS)
 
 
@@ -161,11 +162,11 @@ def run_record(path: str | os.PathLike, allowed: Sequence[str] = ()) -> str | No
         return "a sweep's record of its jobs (multirun.yaml)"
     if any(fnmatch.fnmatch(name, pattern) for pattern in allowed):
         return None
-    if any(fnmatch.fnmatch(name, p) for p in RUN_RECORDS) and _holds_a_run(directory):
+    if any(fnmatch.fnmatch(name, p) for p in RUN_RECORDS) and holds_a_run(directory):
         return f"a run's own record ({name})"
     parts = path.split(os.sep)
     for i, part in enumerate(parts[:-1]):
-        if part in RUN_STORES and _holds_a_run(os.sep.join(parts[:i]) or os.sep):
+        if part in RUN_STORES and holds_a_run(os.sep.join(parts[:i]) or os.sep):
             return f"inside the run {os.sep.join(parts[:i])}'s {part}/"
     return None
 

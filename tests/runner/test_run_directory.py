@@ -496,10 +496,11 @@ def test_evaluate_with_every_checkpoint_damaged_says_where_they_went(run_copy):
     assert "hydra.run.dir=" in line
 
 
-@pytest.mark.parametrize("store", ["checkpoints", "best"])
+@pytest.mark.parametrize("store", ["checkpoints", "best", "tensorboard", ".hydra"])
 def test_a_run_or_sweep_inside_another_runs_checkpoint_store_is_refused(run_copy, store):
     # A run directory under checkpoints/ was accepted; the next resume of the outer run took it
     # for a damaged checkpoint (a step-like name) and moved it, whole, to checkpoints/damaged/.
+    # Under tensorboard/ its curves showed as the outer run's; under .hydra/, among its files.
     before = snapshot(run_copy)
     inner = run_copy / store / "30"
     one_line_error(train(inner), f"lies inside {run_copy / store}", "Nothing was written")
