@@ -269,5 +269,5 @@ def test_a_run_and_a_sweep_never_share_a_directory(tmp_path):
     result = run_cli("-m", *TINY, "seed=1", f"hydra.sweep.dir={job}")
     assert result.returncode == 2
     line = result.stderr.strip().splitlines()[-1]
-    assert line.startswith(f"error: hydra.sweep.dir={job} holds a run (config.yaml, checkpoints")
+    assert line.startswith(f"error: hydra.sweep.dir={job} holds a run (config.yaml, .hydra, ")
     assert not (job / "multirun.yaml").exists()
