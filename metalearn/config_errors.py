@@ -38,6 +38,17 @@ def selectable(group: str, option: str) -> bool:
     return not (group == "experiment" and option.startswith("base_"))
 
 
+def name_key_group(key: str) -> str | None:
+    """The config group whose ``name`` key ``key`` is (``algorithm.name``: ``algorithm``), or
+    None: an option of the group sets it.
+
+    >>> name_key_group("+algorithm.name"), name_key_group("algorithm.inner_lr")
+    ('algorithm', None)
+    """
+    group, _, rest = key.lstrip("+~").partition(".")
+    return group if group in GROUPS and rest == "name" else None
+
+
 def group_name_override(key: str, value: str) -> str | None:
     """What is wrong with setting a config group's ``name`` key (``algorithm.name=reptile``):
     the group's option sets it, with its settings; None for any other key.
@@ -47,8 +58,8 @@ def group_name_override(key: str, value: str) -> str | None:
     >>> group_name_override("name", "mine") is None
     True
     """  # noqa: E501
-    group, _, rest = key.lstrip("+~").partition(".")
-    if group in GROUPS and rest == "name":
+    group = name_key_group(key)
+    if group:
         return (
             f"{key.lstrip('+~')}={value}: choose the {group} with {group}={value} (its option "
             "sets its name and settings)"

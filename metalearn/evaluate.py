@@ -42,7 +42,7 @@ from metalearn.config import (
     to_objects,
     training_only_reason,
 )
-from metalearn.config_errors import composition_error_message
+from metalearn.config_errors import composition_error_message, name_key_group
 from metalearn.data.sources import one_line
 from metalearn.registry import load_plugins, selected_parts, user_code_error
 from metalearn.runner.compilation_cache import enable_compilation_cache
@@ -210,8 +210,8 @@ def _override_config(overrides: Sequence[str], saved: DictConfig) -> DictConfig:
                 f"override {override!r}: evaluate takes plain key=value overrides (no ~ "
                 "deletion, a,b sweep or @package; a list is written [a,b])"
             )
-        group, _, setting = key.partition(".")
-        if group in GROUPS and setting in ("", "name"):  # algorithm=X, or algorithm.name=X
+        group = key if key in GROUPS else name_key_group(key)  # algorithm=X, algorithm.name=X
+        if group:
             raise ValueError(
                 f"{override}: a run is evaluated with the {group} it was trained with "
                 f"({group}={saved[group].get('name')}); override its settings instead "

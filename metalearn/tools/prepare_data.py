@@ -83,7 +83,8 @@ def parse_args(argv: list[str]) -> dict[str, str]:
         if problem:
             raise ValueError(f"{problem}; {advice}")
     names = settings["data"].split(",")
-    generated = [n for n in names if n in _generated_data()]
+    without_files = _generated_data()
+    generated = [n for n in names if n in without_files]
     if generated:  # it said "unknown sinusoid", which a run takes as data=sinusoid
         raise ValueError(
             f"data={generated[0]} needs no preparation: its tasks are generated as a run "
