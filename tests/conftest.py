@@ -22,6 +22,8 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from metalearn import registry
+from metalearn.config_errors import SCHEMA_SUFFIX
 from metalearn.train import CONF_DIR
 
 # Runnable experiments; base_*.yaml hold what several experiments share and are not run alone.
@@ -43,6 +45,33 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def _copy_dicts(tree):
+    """``tree`` with every nested dict copied and every other value shared."""
+    return {k: _copy_dicts(v) if isinstance(v, dict) else v for k, v in tree.items()}
+
+
+@pytest.fixture(autouse=True)
+def registrations_stay_in_their_test():
+    """What a test registers (an algorithm in docs/extending.md's examples, a plugin, an
+    environment) is gone after it, with the options ``register_configs`` stored for it, so no
+    test sees another's parts whatever the order. Parts registered at import stay."""
+    from hydra.core.config_store import ConfigStore
+
+    entries = {group: dict(reg._entries) for group, reg in registry.GROUPS.items()}
+    other_parts = _copy_dicts(registry.OTHER_PARTS)
+    yield
+    repo = ConfigStore.instance().repo
+    for group, reg in registry.GROUPS.items():
+        reg._entries.clear()
+        reg._entries.update(entries[group])
+        for option in list(repo.get(group, {})):
+            name = option.removesuffix(".yaml").removesuffix(SCHEMA_SUFFIX)
+            if name not in entries[group]:
+                del repo[group][option]
+    registry.OTHER_PARTS.clear()
+    registry.OTHER_PARTS.update(other_parts)
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
