@@ -305,6 +305,26 @@ def lapack_device_warning(cfg: Config, platform: str, device_count: int) -> str 
     )
 
 
+def unread_final_lr_warning(cfg: OptimizerConfig) -> str | None:
+    """The line a run logs when ``final_lr_fraction`` is set and no schedule reads it.
+
+    Only ``schedule=cosine`` decays to ``lr * final_lr_fraction``. A warning, not a refusal:
+    ``algorithm=mamlpp`` recommends ``final_lr_fraction=0.01`` with its cosine, and
+    ``optimizer.schedule=constant`` alone should still turn the cosine off.
+
+    >>> unread_final_lr_warning(OptimizerConfig(final_lr_fraction=0.01))[:64]
+    'optimizer.final_lr_fraction=0.01 is unused: only optimizer.sched'
+    >>> unread_final_lr_warning(OptimizerConfig(schedule="cosine", final_lr_fraction=0.01))
+    """
+    if cfg.schedule == "cosine" or cfg.final_lr_fraction == 0:
+        return None
+    return (
+        f"optimizer.final_lr_fraction={cfg.final_lr_fraction} is unused: only "
+        f"optimizer.schedule=cosine decays the rate, and this run's schedule is {cfg.schedule} "
+        f"(the rate stays {cfg.lr}); for a decay, set optimizer.schedule=cosine"
+    )
+
+
 def outer_step_settings(algorithm_config: Any) -> str | None:
     """What sets the algorithm's outer step when the ``optimizer`` section does not (None)."""
     declared = ALGORITHMS.entry(algorithm_config.name).info.get("outer_step_settings")

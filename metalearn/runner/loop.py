@@ -32,6 +32,7 @@ from metalearn.runner.experiment import (
     lapack_batch_error,
     lapack_device_warning,
     outer_step_settings,
+    unread_final_lr_warning,
 )
 from metalearn.runner.reporting import MetricsWriter, Progress, timed_rate
 from metalearn.runner.rundir import (
@@ -311,9 +312,12 @@ def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
         jax.device_count(),
         jax.devices()[0].platform,
     )
-    warning = lapack_device_warning(cfg, jax.devices()[0].platform, jax.device_count())
-    if warning:
-        log.warning(warning)
+    for warning in (
+        lapack_device_warning(cfg, jax.devices()[0].platform, jax.device_count()),
+        unread_final_lr_warning(cfg.optimizer),
+    ):
+        if warning:
+            log.warning(warning)
     # A copy on the device: the first training call donates the state's buffers.
     start_params = jax.tree_util.tree_map(jnp.copy, state.meta_params)
     writer = MetricsWriter(runner.workdir, resume_step=step, enabled=is_primary_host())

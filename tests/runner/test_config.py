@@ -134,6 +134,21 @@ def test_cli_reports_a_bad_value_in_one_line_before_compiling(tmp_path):
     assert "compiled" not in result.stdout + result.stderr
 
 
+def test_a_final_rate_no_schedule_reads_is_said_and_the_run_goes_on(tmp_path):
+    """optimizer.final_lr_fraction without schedule=cosine changed nothing, silently."""
+    result = run_cli("+debug=tiny", "optimizer.final_lr_fraction=0.1", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    output = result.stdout + result.stderr
+    assert "optimizer.final_lr_fraction=0.1 is unused: only optimizer.schedule=cosine" in output
+    cosine = run_cli(
+        "+debug=tiny",
+        "optimizer.schedule=cosine",
+        "optimizer.final_lr_fraction=0.1",
+        f"hydra.run.dir={tmp_path / 'cosine'}",
+    )
+    assert cosine.returncode == 0 and "is unused" not in cosine.stdout + cosine.stderr
+
+
 def test_cli_reports_an_unwritable_output_directory(tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir()
