@@ -13,7 +13,10 @@ The defaults are the robust variant (Adam inner loop, Gauss-Newton curvature): o
 regression with the paper's choices (gradient descent, exact Hessian) meta-training drives the
 initialisation to where the support loss is sharply curved for some tasks; then a fixed-rate
 inner descent diverges (NaN within ~1,000 meta-steps at meta-batch 25), and ``I + H / lam``
-becomes indefinite, where 5 CG iterations return meta-gradients 100x the query gradient.
+becomes indefinite. CG then stops before the direction of non-positive curvature (it returned
+meta-gradients 100x the query gradient when it went on); the training metrics say how often:
+``cg_nonpositive_curvature`` is the fraction of the meta-batch's tasks where it stopped so, and
+``cg_residual`` the mean residual norm left.
 
 Memory does not grow with ``inner_steps``: no inner-loop activations are kept for a backward pass.
 The inner loop is a rolled ``lax.scan`` (``unroll=1``): nothing differentiates through it, and
@@ -179,8 +182,16 @@ def imaml(objective: Objective, config: IMAMLConfig | None = None, **overrides) 
         def matvec(v):
             return jax.tree_util.tree_map(lambda vi, hvi: vi + hvi / c.lam, v, curvature_vp(v))
 
-        meta_grad = cg_solve(matvec, query_grad, max_iters=c.cg_iters, tol=c.cg_tol).x
-        return meta_grad, aux
+        solve = cg_solve(matvec, query_grad, max_iters=c.cg_iters, tol=c.cg_tol)
+        # Averaged over the meta-batch: the residual left, and the fraction of tasks whose
+        # I + H / lam was not positive definite along CG's path (its gradient is then the
+        # iterate before that direction; a larger lam, or curvature=gauss_newton, avoids it).
+        metrics = {
+            **aux.metrics,
+            "cg_residual": solve.residual_norm,
+            "cg_nonpositive_curvature": solve.nonpositive_curvature.astype(jnp.float32),
+        }
+        return solve.x, aux._replace(metrics=metrics)
 
     def evaluate(theta, task: Task, ctx, steps):
         loss_fn = proximal_loss(theta, ctx, train=False)

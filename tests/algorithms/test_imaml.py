@@ -7,6 +7,7 @@ import pytest
 
 from metalearn.algorithms.imaml import gauss_newton_vp, imaml
 from metalearn.core import maml_loss
+from metalearn.data.task import Aux, Task
 from tests.algorithms.problems import (
     CTX,
     init_params,
@@ -144,3 +145,38 @@ def test_compiled_memory_does_not_grow_with_inner_steps(kind):
 def test_bad_config_values_name_the_key(kwargs, key):
     with pytest.raises(ValueError, match=f"algorithm.{key}"):
         imaml(linear_model(3).objective, **kwargs)
+
+
+@pytest.mark.parametrize("lam, indefinite", [(0.5, True), (2.0, False)])
+def test_an_indefinite_system_is_counted_in_the_training_metrics(lam, indefinite):
+    """Support loss 0.5 w^T D w with D = diag(1, -1, 1) and query loss w_2: the system is
+    (I + D / lam) x = e_2, whose e_2 entry 1 - 1 / lam is negative for lam < 1. CG's first
+    direction is e_2, so it stops there (x = 0) for lam = 0.5, and solves x = e_2 / (1 - 1 / lam)
+    for lam = 2."""
+
+    def loss(params, model_state, key, batch, train=True):
+        d, b = batch
+        value = 0.5 * jnp.sum(d * params**2) - jnp.dot(b, params)
+        return value, Aux(model_state, {"loss": value})
+
+    objective = linear_model(3).objective._replace(loss=loss)
+    support = (jnp.array([1.0, -1.0, 1.0]), jnp.zeros(3))
+    query = (jnp.zeros(3), jnp.array([0.0, -1.0, 0.0]))
+    learner = imaml(
+        objective,
+        inner_lr=0.1,
+        inner_steps=3,
+        lam=lam,
+        cg_iters=5,
+        cg_tol=0.0,
+        inner_optimizer="sgd",
+        curvature="hessian",
+    )
+    grad, aux = jax.jit(learner.task_grad)(jnp.array([0.3, 0.2, -0.1]), Task(support, query), CTX)
+    assert float(aux.metrics["cg_nonpositive_curvature"]) == float(indefinite)
+    if indefinite:
+        np.testing.assert_array_equal(grad, np.zeros(3))
+        assert float(aux.metrics["cg_residual"]) == pytest.approx(1.0)
+    else:
+        np.testing.assert_allclose(grad, [0.0, 1.0 / (1.0 - 1.0 / lam), 0.0], rtol=1e-6)
+        assert float(aux.metrics["cg_residual"]) < 1e-6
