@@ -211,7 +211,7 @@ def make_meta_iteration(
     >>> state = init(init_policy(jax.random.key(0), 2, 2, hidden=(8,)))
     >>> state, metrics = iteration(state, jax.random.key(1))
     >>> sorted(metrics)[:3]
-    ['accepted', 'backtracks', 'cg_residual']
+    ['accepted', 'backtracks', 'cg_nonpositive_curvature']
     """
     optimizer = optax.adam(cfg.ppo.lr)
 

@@ -34,7 +34,9 @@ class TRPOConfig:
 
 class TRPOInfo(NamedTuple):
     """What the step did: surrogate before/after, KL of the accepted step, backtracks taken
-    (``max_backtracks`` when nothing was accepted), and the CG residual norm."""
+    (``max_backtracks`` when nothing was accepted), the CG residual norm, and whether CG met a
+    direction of non-positive curvature (the damped KL Hessian was not positive definite
+    along its path; the step then goes along the iterate before it, zero at the first)."""
 
     surrogate_before: jax.Array
     surrogate_after: jax.Array
@@ -42,6 +44,7 @@ class TRPOInfo(NamedTuple):
     backtracks: jax.Array
     accepted: jax.Array
     cg_residual: jax.Array
+    cg_nonpositive_curvature: jax.Array
 
 
 def _tree_dot(a: Params, b: Params) -> jax.Array:
@@ -124,5 +127,6 @@ def trpo_step(
         backtracks=k,
         accepted=ok,
         cg_residual=solve.residual_norm,
+        cg_nonpositive_curvature=solve.nonpositive_curvature,
     )
     return new_params, info

@@ -122,6 +122,18 @@ def test_trpo_step_on_a_quadratic_matches_the_analytic_natural_gradient_step():
     assert int(info.backtracks) == 0
 
 
+def test_a_kl_hessian_that_is_not_positive_definite_is_said_and_the_step_is_refused():
+    # KL 0.5 (x_1^2 - x_2^2) with no damping, surrogate gradient e_2: CG's first direction
+    # e_2 has curvature -1, so CG stops at x = 0 and no step can improve the surrogate.
+    params = jnp.array([0.5, -0.25])
+    kl = lambda x: 0.5 * ((x - params)[0] ** 2 - (x - params)[1] ** 2)  # noqa: E731
+    new, info = trpo_step(lambda x: x[1], kl, params, TRPOConfig(damping=0.0))
+    assert bool(info.cg_nonpositive_curvature) and not bool(info.accepted)
+    np.testing.assert_array_equal(new, params)
+    definite = trpo_step(lambda x: x[1], lambda x: 0.5 * (x - params) @ (x - params), params)[1]
+    assert not bool(definite.cg_nonpositive_curvature) and bool(definite.accepted)
+
+
 @pytest.mark.parametrize(
     "inner",
     [
