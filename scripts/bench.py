@@ -129,8 +129,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--inner-unroll",
-        default="full",
-        help="metalearn MAML inner loop: full (library default, unrolled) or N (rolled scan)",
+        default="default",
+        help="metalearn MAML inner loop: default (the library's: unrolled up to 10 steps, rolled "
+        "beyond), full (unrolled), or N (N steps per scan iteration; 1: rolled)",
     )
     p.add_argument("--remat", action="store_true", help="metalearn: rematerialise inner steps")
     p.add_argument(
@@ -256,7 +257,7 @@ def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
     row.update(queries=spec["queries"], remat=spec["remat"], conv=spec.get("conv", "-"))
     row.update(steps=spec["steps"])
     row.update(steps_per_call=spec["steps_per_call"], warmup=spec["warmup"])
-    row.update(inner_unroll=spec.get("inner_unroll", "full"))
+    row.update(inner_unroll=spec.get("inner_unroll", "default"))
     row.update(threefry=spec.get("threefry", "-") if spec["impl"] == "metalearn" else "-")
     row.update(result)
     row["load_1m"] = load

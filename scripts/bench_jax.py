@@ -74,14 +74,16 @@ def build_parts(spec: dict[str, Any]):
             filters=64, downsample="stride", readout="mean", conv=spec.get("conv", "auto")
         )
         model = build_model(config, tasks)
-    unroll = spec.get("inner_unroll", "full")
+    # default: the library's (full up to FULL_UNROLL_MAX_STEPS, rolled beyond); full: k = steps
+    unroll = spec.get("inner_unroll", "default")
+    unroll = unroll if unroll in ("default", "full") else int(unroll)
     learner = ALGORITHMS.build(
         MAMLConfig(
             inner_lr=spec["inner_lr"],
             inner_steps=spec["inner_steps"],
             first_order=spec["order"] == "first",
             remat=spec["remat"],
-            unroll=None if unroll == "full" else int(unroll),
+            unroll={"default": None, "full": max(1, spec["inner_steps"])}.get(unroll, unroll),
         ),
         family_objective(tasks, model),
     )

@@ -4,9 +4,12 @@ The only model boundary is ``loss_fn(params, batch) -> scalar``: ``params`` is a
 (nested dicts, Flax params) and ``batch`` any pytree, e.g. ``(x, y)``. Nothing here knows
 about Flax modules, data or configs.
 
-The inner loop is a ``jax.lax.scan`` over ``num_steps`` inner updates, fully unrolled by
-default (XLA schedules the few steps of MAML as straight-line code). Pass ``unroll=1`` for long
-inner loops to keep compile time flat in ``num_steps``. ``remat=True`` recomputes each step's
+The inner loop is a ``jax.lax.scan`` over ``num_steps`` inner updates. By default it is fully
+unrolled up to :data:`FULL_UNROLL_MAX_STEPS` steps (XLA schedules the few steps of MAML as
+straight-line code) and rolled beyond: an unrolled loop's compile time grows faster than its
+length (on 2 CPU cores, a sinusoid MLP's meta-gradient compiled in 15 s at 50 steps and 220 s
+at 200, against 0.6 s rolled, and ran slower too; experiments/benchmarks/README.md). Pass
+``unroll`` to choose (``True``, or ``k`` steps per iteration). ``remat=True`` recomputes each step's
 activations in the backward pass instead of storing them (``jax.checkpoint``), trading compute
 for memory; it implies a rolled loop (``unroll=1``) unless ``unroll`` is given, because XLA
 keeps the buffers of an unrolled loop alive anyway (measured in experiments/benchmarks/: with a
@@ -28,6 +31,12 @@ import optax
 from metalearn.core.checks import check_count
 
 PyTree = Any
+
+# The longest inner loop that ``unroll=None`` unrolls fully; a longer one is a rolled loop.
+# Measured on 2 CPU cores (experiments/benchmarks/README.md, "Unrolled or rolled inner loop"):
+# unrolled was ~10% faster at 5-10 steps on sinusoid and no faster at 20; on Omniglot no faster
+# at 5 and ~10% slower at 10; its compile time grew with the steps, the rolled loop's did not.
+FULL_UNROLL_MAX_STEPS = 10
 LossFn = Callable[[PyTree, PyTree], jax.Array]
 
 
@@ -160,7 +169,7 @@ def _run_inner_loop(
 ) -> tuple[PyTree, PyTree | None]:
     num_steps = check_count("num_steps", num_steps)
     if unroll is None:
-        unroll = 1 if remat else True
+        unroll = 1 if remat or num_steps > FULL_UNROLL_MAX_STEPS else True
     if (inner_lr is None) == (optimizer is None):
         raise ValueError(
             "pass exactly one of inner_lr (plain SGD) or optimizer (an optax transform)"
@@ -208,7 +217,8 @@ def adapt(
     concrete array must be finite (ValueError); a negative one is taken as it is, an ascent step.
 
     ``first_order=True`` stops gradients through the inner gradients (first-order MAML).
-    ``unroll`` is ``lax.scan``'s (default: ``True``, or ``1`` with ``remat=True``); ``remat``
+    ``unroll`` is ``lax.scan``'s (default: ``True`` up to :data:`FULL_UNROLL_MAX_STEPS` steps,
+    ``1`` beyond them or with ``remat=True``); ``remat``
     recomputes each step's activations in the backward pass (see the module docstring).
 
     >>> import jax.numpy as jnp

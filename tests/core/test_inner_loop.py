@@ -9,6 +9,7 @@ import pytest
 from jax.test_util import check_grads
 
 from metalearn import adapt, adapt_trajectory, inner_adam, maml_loss
+from metalearn.core.inner_loop import FULL_UNROLL_MAX_STEPS
 
 
 def linear_loss(w, batch):
@@ -272,6 +273,26 @@ def test_remat_rolls_the_inner_loop_and_keeps_memory_flat():
     plain, rolled_remat = temp_mb(), temp_mb(remat=True)
     assert rolled_remat < 0.5 * plain, (plain, rolled_remat)  # measured: 67.6 -> 13.1 MB
     assert rolled_remat < 0.5 * temp_mb(remat=True, unroll=True)  # unrolled remat: 47.6 MB
+
+
+@pytest.mark.parametrize("num_steps", [1, FULL_UNROLL_MAX_STEPS, FULL_UNROLL_MAX_STEPS + 1, 1000])
+def test_a_long_inner_loop_is_rolled_by_default(num_steps):
+    """Unrolled, 200 steps of a sinusoid MLP's meta-gradient compiled for minutes; the default
+    unrolls only up to FULL_UNROLL_MAX_STEPS, and ``unroll`` still chooses."""
+    loss = lambda w, b: 0.5 * jnp.sum((w - b) ** 2)  # noqa: E731
+
+    def scan_unroll(**options):
+        jaxpr = jax.make_jaxpr(
+            lambda w: adapt(loss, w, 1.0, inner_lr=0.1, num_steps=num_steps, **options)
+        )(0.0)
+        return [e.params["unroll"] for e in jaxpr.jaxpr.eqns if e.primitive.name == "scan"]
+
+    assert scan_unroll() == [num_steps if num_steps <= FULL_UNROLL_MAX_STEPS else 1]
+    assert scan_unroll(unroll=True) == [num_steps] and scan_unroll(unroll=4) == [4]
+    rolled = adapt(loss, 0.0, 1.0, inner_lr=0.1, num_steps=num_steps)
+    unrolled = adapt(loss, 0.0, 1.0, inner_lr=0.1, num_steps=num_steps, unroll=4)
+    np.testing.assert_allclose(rolled, 1 - 0.9**num_steps, rtol=1e-5)
+    np.testing.assert_allclose(unrolled, rolled, rtol=1e-6)
 
 
 def test_rates_that_vary_within_a_parameter_apply_entry_by_entry():
