@@ -51,6 +51,7 @@ from metalearn.runner.devices import out_of_memory_message
 from metalearn.runner.evaluation import format_record
 from metalearn.runner.experiment import needs_serial_lapack
 from metalearn.runner.loop import Runner, load_for_evaluation
+from metalearn.runner.signals import exit_at_once
 from metalearn.tools import OneLineParser, check_output_file
 
 # What this command writes in a run directory, and may replace (saying so): its own outputs.
@@ -389,4 +390,4 @@ if __name__ == "__main__":
         main()
     except KeyboardInterrupt:  # the results are written at the end, in one atomic replace
         print("interrupted by SIGINT: nothing was written", file=sys.stderr)
-        sys.exit(130)
+        exit_at_once(130)  # not after the XLA compilation the signal interrupted

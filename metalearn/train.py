@@ -58,6 +58,7 @@ from metalearn.runner.rundir import (
     record_kept_unless_trained,
     run_directory_held,
 )
+from metalearn.runner.signals import exit_at_once
 from metalearn.runner.sweeps import ERROR_DETAILS, record_job, write_error_details
 from metalearn.tools import usage_error
 
@@ -147,7 +148,10 @@ def main(cfg: DictConfig) -> float | None:
         code = 128 + summary["signal"]
         if sweep:
             record_job(workdir, "interrupted", code, f"stopped by signal {summary['signal']}")
-        sys.exit(code)  # in a sweep, a signal stops the remaining jobs too
+            sys.exit(code)  # in a sweep, a signal stops the remaining jobs too
+        # What was saved is said; end now. Python's normal exit waits for an XLA compilation
+        # the signal interrupted, which runs on (minutes for a long unrolled inner loop).
+        exit_at_once(code)
     if sweep:
         record_job(workdir, "ok")
     return summary["best_val_score"]
@@ -181,9 +185,7 @@ def _failed(
     ``exit_now``: exit at once without exit handlers, in a sweep too (a full disk)."""
     print(message, file=sys.stderr)
     if exit_now:  # without exit handlers; nothing can be recorded either
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        exit_at_once(code)
     if not sweep:
         sys.exit(code)
     if status == "refused":

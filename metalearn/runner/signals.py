@@ -45,6 +45,20 @@ class Interrupted(BaseException):
         return 128 + self.signum
 
 
+def exit_at_once(code: int) -> None:
+    """End the process with ``code`` now, after flushing what it printed and logged, without
+    Python's exit handlers: a normal exit waits for an XLA compilation that a signal
+    interrupted (it runs on, minutes for a long program). Call it only once everything worth
+    keeping is written."""
+    for handler in logging.getLogger().handlers + log.handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 # How long a signal that landed in a garbage-collection callback waits to be delivered again.
 REDELIVERY_SECONDS = 0.05
 
