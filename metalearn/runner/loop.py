@@ -139,6 +139,10 @@ class Runner:
         log.info("compiled %d fused meta-step(s) in %.1f s", num_steps, time.perf_counter() - start)
         return result
 
+    def is_compiled(self, num_steps: int) -> bool:
+        """Whether the program of ``num_steps`` fused meta-steps is compiled already."""
+        return num_steps in self._compiled
+
     def lower(self, state, num_steps: int) -> jax.stages.Lowered:
         """The program of ``num_steps`` fused meta-steps from ``state``, lowered (not compiled)."""
         jitted = make_multi_step(self._meta_step, num_steps)
@@ -226,7 +230,13 @@ def train_and_evaluate(cfg: Config, workdir: str) -> dict:
 
 
 def _train_until_done_or_stopped(cfg: Config, workdir: str, started: float) -> dict:
-    with StopRequest() as stop:
+    def report(signum: int, phase: str) -> str:
+        """What a signal during ``phase`` leaves saved, and how to resume."""
+        steps = saved_steps(workdir)
+        saved = f"the checkpoint of step {max(steps)} is saved" if steps else "nothing is saved yet"
+        return f"{Interrupted(signum)} during {phase}: {saved}; {resume_hint(workdir)}"
+
+    with StopRequest(report) as stop:
         try:
             runner = Runner(cfg, workdir)
             try:
@@ -234,11 +244,8 @@ def _train_until_done_or_stopped(cfg: Config, workdir: str, started: float) -> d
             finally:
                 runner.close()
         except Interrupted as err:
+            log.warning(report(err.signum, stop.phase))
             steps = saved_steps(workdir)
-            saved = (
-                f"the checkpoint of step {max(steps)} is saved" if steps else "nothing is saved yet"
-            )
-            log.warning("%s during %s: %s; %s", err, stop.phase, saved, resume_hint(workdir))
             return {"interrupted": True, "step": max(steps, default=0), "signal": err.signum}
 
 
@@ -323,12 +330,16 @@ def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
     writer = MetricsWriter(runner.workdir, resume_step=step, enabled=is_primary_host())
     progress = Progress(t.meta_steps, step, t.progress_bar)
     start_time, in_flight = time.perf_counter(), InFlight()
+    saved_step = step  # what a resumed run would start from: the checkpoint, or the seed
     try:
         stop.phase = "training"
         with stop.deferred():
             while step < t.meta_steps and not stop.requested:
                 n = chunk_length(step, cfg, runner.exp.steps_per_call)
-                state, metrics = runner.train_call(state, n)
+                # Compiling from the state last saved, a stop loses nothing: not deferred.
+                compiling = not runner.is_compiled(n) and step == saved_step
+                with stop.at_once("compilation", when=compiling):
+                    state, metrics = runner.train_call(state, n)
                 in_flight.add(metrics)
                 step += n
                 progress.advance(step)
@@ -340,6 +351,7 @@ def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
                     best_score = _validate(runner, writer, state, best_score)
                 if step % t.checkpoint_every == 0 or step == t.meta_steps:
                     runner.save(state, best_score, pending)
+                    saved_step = step
             if stop.requested:  # the signal may land after the last check inside the loop
                 runner.save(state, best_score, pending)
                 log.warning(

@@ -1,10 +1,11 @@
 """SIGINT/SIGTERM anywhere in a run: stop cleanly, say what was saved, never a traceback.
 
 Inside :meth:`StopRequest.deferred` (the training loop) a signal sets a flag: the loop finishes
-its current call, saves a checkpoint and returns. Anywhere else (start-up, compilation, the final
-validation and test evaluation) the signal raises :class:`Interrupted` at once; the caller reports
-the latest saved checkpoint. A second signal while the first is being handled ends the process
-at once with exit status ``128 + signal``.
+its current call, saves a checkpoint and returns; while it compiles the step from the state
+last saved (:meth:`StopRequest.at_once`), the signal stops it at once. Anywhere else (start-up,
+the final validation and test evaluation) the signal raises :class:`Interrupted` at once; the
+caller reports the latest saved checkpoint. A second signal while the first is being handled
+ends the process at once with exit status ``128 + signal``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 log = logging.getLogger("metalearn")
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -93,11 +94,19 @@ class StopRequest:
 
     ``phase`` names what the run is doing, for the message. Outside the main thread (where
     handlers cannot be installed) it does nothing.
+
+    ``report(signum, phase)``, when given, is the line that says what is saved. Where a signal
+    must end the run without the loop's help (a second signal within ``deferred()``, any
+    signal within ``at_once()``), the handler logs that line and ends the process
+    (:func:`exit_at_once`) instead of raising :class:`Interrupted` there: unwinding out of an
+    XLA compilation in progress crashed the process (a segmentation fault, nothing said).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, report: Callable[[int, str], str] | None = None) -> None:
         self.signum: int | None = None
         self.phase = "start-up"
+        self._report = report
+        self._exit_now = False
         self._deferring = False
         self._raised = False
         self._previous: dict[int, object] = {}
@@ -115,7 +124,28 @@ class StopRequest:
         finally:
             self._deferring = False
 
+    @contextlib.contextmanager
+    def at_once(self, phase: str, when: bool = True) -> Iterator[StopRequest]:
+        """Within ``deferred()``, a block (when ``when``) where a signal ends the run at once
+        with the ``report`` line: one where stopping loses nothing, such as compiling the
+        training step from the state last saved (minutes for a long program, which a deferred
+        stop would wait for)."""
+        if not when:
+            yield self
+            return
+        exit_now, previous_phase = self._exit_now, self.phase
+        self._exit_now, self.phase = True, phase
+        try:
+            yield self
+        finally:
+            self._exit_now, self.phase = exit_now, previous_phase
+
     def _handle(self, signum, frame) -> None:
+        ends_now = self._exit_now or (self._deferring and self.requested)
+        if ends_now and self._report is not None and not self._raised:
+            self.signum = signum
+            log.warning(self._report(signum, self.phase))
+            exit_at_once(128 + signum)
         if self._raised or (self.signum is not None and signum == signal.SIGINT):
             # Already stopping and asked again: leave now, in one line.
             print(f"{signal.Signals(signum).name} again: exiting at once", file=sys.stderr)
