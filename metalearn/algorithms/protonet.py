@@ -86,6 +86,24 @@ def _check_classification(batch) -> None:
         )
 
 
+def _check_embeddings(embeddings) -> None:
+    """ValueError (one line) unless the model's embedding is one array ``[examples, features]``
+    (a tuple was an AttributeError naming neither the model nor its embedding). Static: traced
+    once, nothing in the compiled step."""
+    if hasattr(embeddings, "shape") and embeddings.ndim == 2:
+        return
+    shown = (
+        f"an array of shape {tuple(embeddings.shape)}"
+        if hasattr(embeddings, "shape")
+        else f"a {type(embeddings).__name__}"
+    )
+    raise ValueError(
+        f"algorithm=protonet: the model's embed (ModelParts(embed=...)) returned {shown}, not one "
+        "array of features [examples, features] to average into prototypes: return the "
+        "features alone, flattened per example; see docs/extending.md (a model)"
+    )
+
+
 def _key(ctx, stream: int):
     return None if ctx.key is None else jax.random.fold_in(ctx.key, stream)
 
@@ -143,6 +161,8 @@ def protonet(
         query_embeddings, state = apply_to_batch(
             model.embed, params, ctx.model_state, _key(ctx, 1), task.query, train
         )
+        _check_embeddings(support_embeddings)
+        _check_embeddings(query_embeddings)
         logits = prototypical_logits(support_embeddings, support_y, query_embeddings, num_classes)
         return logits, state
 
@@ -175,6 +195,7 @@ def protonet(
         features, _ = apply_to_batch(
             model.embed, params, ctx.model_state, _key(ctx, 0), support, False
         )
+        _check_embeddings(features)
         protos, counts = class_prototypes(features, support_y, num_classes)
         bias = jnp.where(counts > 0, -jnp.sum(protos**2, axis=-1), -jnp.inf)
         return {**params, model.head[0]: {"kernel": 2.0 * protos.T, "bias": bias}}

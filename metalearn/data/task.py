@@ -176,6 +176,11 @@ def check_output_shapes(kind: str, outputs: jax.Array, targets: jax.Array) -> No
     ...
     ValueError: regression: the model's outputs have shape (10, 1) and the task's targets (10,); ...
     """
+    if not hasattr(outputs, "shape"):  # a tuple: "'tuple' object has no attribute 'shape'"
+        raise ValueError(
+            f"{kind}: the model's apply returned a {type(outputs).__name__}, not one array of "
+            "outputs; return the outputs alone (see docs/extending.md, a model)"
+        )
     outputs_shape, targets_shape = tuple(outputs.shape), tuple(targets.shape)
     if kind == "regression" and outputs_shape != targets_shape:
         raise ValueError(

@@ -162,6 +162,27 @@ def _train_flag_problem(module: nn.Module, method_name: str | None) -> str | Non
     )
 
 
+def module_problem(obj: Any) -> str | None:
+    """What ``obj`` is, when it is not a Flax module instance (what :func:`model_from_flax` wraps
+    and what a factory registered with ``MODELS`` returns), or None.
+
+    >>> module_problem(nn.Dense(3)) is None, module_problem(nn.Dense)
+    (True, 'the class Dense, not an instance of it (Dense(...))')
+    """
+    if isinstance(obj, nn.Module):
+        return None
+    if isinstance(obj, type) and issubclass(obj, nn.Module):
+        return f"the class {obj.__name__}, not an instance of it ({obj.__name__}(...))"
+    if isinstance(obj, Model):
+        return (
+            "a metalearn Model, not the Flax module itself: return the module; the runner wraps "
+            "it (model_from_flax) with the parts its registration declares"
+        )
+    name = getattr(obj, "__qualname__", None)
+    shown = f"a {type(obj).__name__}" + (f" ({name})" if name else "")
+    return f"{shown}, not a Flax module (an instance of flax.linen.Module, such as MLP((40,), 1))"
+
+
 def _norm_layers(
     module: nn.Module, example: jax.Array, layers: tuple[type, ...]
 ) -> tuple[frozenset, bool]:
@@ -219,6 +240,9 @@ def model_from_flax(
     >>> bool(jnp.all(trained["batch_stats"]["bn"]["mean"] != 0)), same is state
     (True, True)
     """
+    problem = module_problem(module)
+    if problem:
+        raise ValueError(f"model_from_flax was given {problem}; see docs/extending.md (a model)")
     parts = parts or ModelParts()
     for method_name in (None, parts.embed) if parts.embed else (None,):
         problem = _train_flag_problem(module, method_name)

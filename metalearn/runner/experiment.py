@@ -13,7 +13,7 @@ import optax
 from metalearn.algorithms.base import MetaLearner, check_batch_update
 from metalearn.config import Config, OptimizerConfig
 from metalearn.data.task import Objective, TaskFamily, family_objective
-from metalearn.models.base import Model, ModelParts, model_from_flax
+from metalearn.models.base import Model, ModelParts, model_from_flax, module_problem
 from metalearn.registry import ALGORITHMS, MODELS, TASKS
 from metalearn.rl.family import RLObjective
 from metalearn.runner.cpu_backend import auto_cpu_devices, inline_solve_batch, usable_cores
@@ -154,6 +154,12 @@ def build_model(model_config: Any, tasks: TaskFamily, data_name: str = "the data
     A model that needs images (``input_rank = 3``) on other inputs is refused in one line.
     """
     module = MODELS.build(model_config, tasks.num_outputs)
+    problem = module_problem(module)
+    if problem:  # an AttributeError ("'function' object has no attribute 'init'") before
+        raise ValueError(
+            f"model={model_config.name}: its factory returned {problem}; see docs/extending.md "
+            "(a model)"
+        )
     rank = getattr(module, "input_rank", None)
     if rank == 3 and len(tasks.input_shape) != 3:
         raise ValueError(

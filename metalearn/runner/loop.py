@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from metalearn.config import Config
 from metalearn.data.family_checks import check_family
+from metalearn.data.objective_checks import check_objective
 from metalearn.registry import selected_parts
 from metalearn.runner.checkpoints import DAMAGED, CheckpointStore
 from metalearn.runner.devices import InFlight, is_primary_host, replicated, task_mesh
@@ -81,6 +82,9 @@ class Runner:
         env = selected_parts(cfg).get("data.env")  # an RL family's environment, named too
         family = cfg.data.name + (f", data.env={env}" if env else "")
         check_family(self.exp.tasks, family, cfg.trainer.shots, cfg.eval.shots)
+        check_objective(
+            self.exp.objective, self.exp.tasks, family, cfg.model.name, cfg.trainer.shots
+        )
         lapack_error = lapack_batch_error(
             cfg, self.exp.task_batching, jax.devices()[0].platform, jax.device_count()
         )
