@@ -35,7 +35,13 @@ from omegaconf import DictConfig, OmegaConf
 from metalearn.config import Config, to_objects
 from metalearn.config_errors import quoted_override
 from metalearn.data.sources import one_line
-from metalearn.tools import RUN_MARKS, holds_a_run
+from metalearn.tools import (
+    CHECKPOINT_STORES,
+    OTHER_PARTS_OF_A_RUN,
+    RUN_MARKS,
+    RUN_STORES,
+    holds_a_run,
+)
 
 RECORD = "config.json"  # under checkpoints/
 HYDRA_COPY = "hydra"  # under checkpoints/: the .hydra/ files of the run the record describes
@@ -259,14 +265,6 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any
     return {k: (old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)}
 
 
-STORES = ("checkpoints", "best")  # a run's checkpoint stores, under its directory
-# What a run keeps in its other subdirectories, which another run written inside would mix with.
-OTHER_PARTS_OF_A_RUN = {
-    "tensorboard": "its TensorBoard logs would show this run's curves as its own",
-    ".hydra": "Hydra rewrites that run's files there on every start",
-}
-
-
 def enclosing_store(workdir: str) -> str | None:
     """The checkpoint store (``checkpoints/`` or ``best/``), ``tensorboard/`` or ``.hydra/`` of
     another run that ``workdir`` is or lies inside, or None. That run would take ``workdir``
@@ -290,7 +288,8 @@ def enclosing_store(workdir: str) -> str | None:
         if parent == path:
             return None
         name = os.path.basename(path)
-        if name in STORES and os.path.isfile(os.path.join(parent, "checkpoints", RECORD)):
+        record = os.path.join(parent, "checkpoints", RECORD)
+        if name in CHECKPOINT_STORES and os.path.isfile(record):
             return path
         if name in OTHER_PARTS_OF_A_RUN and holds_a_run(parent):
             return path
@@ -306,7 +305,7 @@ def check_outside_stores(directory: str, key: str = "hydra.run.dir") -> None:
         why = OTHER_PARTS_OF_A_RUN.get(
             name, "that run would take this one for a damaged checkpoint and move it away"
         )
-        parts = "/, ".join((*STORES, *OTHER_PARTS_OF_A_RUN))
+        parts = "/, ".join(RUN_STORES)
         raise RunDirectoryError(
             f"{key}={directory} lies inside {store}, part of the run in "
             f"{os.path.dirname(store)}: {why}. Nothing was written. Choose a {key} outside "

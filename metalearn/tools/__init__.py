@@ -137,7 +137,13 @@ RUN_RECORDS = (
     "train.log",
     "error.txt",
 )
-RUN_STORES = (".hydra", "checkpoints", "best", "tensorboard")
+CHECKPOINT_STORES = ("checkpoints", "best")  # a run's checkpoint stores, under its directory
+# What a run keeps in its other subdirectories, which another run written inside would mix with.
+OTHER_PARTS_OF_A_RUN = {
+    "tensorboard": "its TensorBoard logs would show this run's curves as its own",
+    ".hydra": "Hydra rewrites that run's files there on every start",
+}
+RUN_STORES = (*CHECKPOINT_STORES, *OTHER_PARTS_OF_A_RUN)  # every subdirectory a run writes
 RUN_MARKS = ("config.yaml", ".hydra", "checkpoints", "metrics.jsonl", "eval.json")
 
 
