@@ -234,13 +234,7 @@ def train_and_evaluate(cfg: Config, workdir: str) -> dict:
 
 
 def _train_until_done_or_stopped(cfg: Config, workdir: str, started: float) -> dict:
-    def report(signum: int, phase: str) -> str:
-        """What a signal during ``phase`` leaves saved, and how to resume."""
-        steps = saved_steps(workdir)
-        saved = f"the checkpoint of step {max(steps)} is saved" if steps else "nothing is saved yet"
-        return f"{Interrupted(signum)} during {phase}: {saved}; {resume_hint(workdir)}"
-
-    with StopRequest(report) as stop:
+    with StopRequest() as stop:
         try:
             runner = Runner(cfg, workdir)
             try:
@@ -248,8 +242,12 @@ def _train_until_done_or_stopped(cfg: Config, workdir: str, started: float) -> d
             finally:
                 runner.close()
         except Interrupted as err:
-            log.warning(report(err.signum, stop.phase))
             steps = saved_steps(workdir)
+            saved = (
+                f"the checkpoint of step {max(steps)} is saved" if steps else "nothing is saved yet"
+            )
+            phase = err.phase or stop.phase
+            log.warning("%s during %s: %s; %s", err, phase, saved, resume_hint(workdir))
             return {"interrupted": True, "step": max(steps, default=0), "signal": err.signum}
 
 

@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 log = logging.getLogger("metalearn")
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -33,9 +33,10 @@ class Interrupted(BaseException):
     (143, 'SIGINT')
     """
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int, phase: str = ""):
         super().__init__(f"interrupted by {signal.Signals(signum).name}")
         self.signum = signum
+        self.phase = phase  # what the run was doing when the signal came
 
     @property
     def name(self) -> str:
@@ -94,19 +95,11 @@ class StopRequest:
 
     ``phase`` names what the run is doing, for the message. Outside the main thread (where
     handlers cannot be installed) it does nothing.
-
-    ``report(signum, phase)``, when given, is the line that says what is saved. Where a signal
-    must end the run without the loop's help (a second signal within ``deferred()``, any
-    signal within ``at_once()``), the handler logs that line and ends the process
-    (:func:`exit_at_once`) instead of raising :class:`Interrupted` there: unwinding out of an
-    XLA compilation in progress crashed the process (a segmentation fault, nothing said).
     """
 
-    def __init__(self, report: Callable[[int, str], str] | None = None) -> None:
+    def __init__(self) -> None:
         self.signum: int | None = None
         self.phase = "start-up"
-        self._report = report
-        self._exit_now = False
         self._deferring = False
         self._raised = False
         self._previous: dict[int, object] = {}
@@ -126,26 +119,21 @@ class StopRequest:
 
     @contextlib.contextmanager
     def at_once(self, phase: str, when: bool = True) -> Iterator[StopRequest]:
-        """Within ``deferred()``, a block (when ``when``) where a signal ends the run at once
-        with the ``report`` line: one where stopping loses nothing, such as compiling the
-        training step from the state last saved (minutes for a long program, which a deferred
-        stop would wait for)."""
+        """Within ``deferred()``, a block (when ``when``) where a signal raises
+        :class:`Interrupted` at once, as outside it: one where stopping loses nothing, such as
+        compiling the training step from the state last saved (minutes for a long program,
+        which a deferred stop would wait for; JAX lets the signal through the compilation)."""
         if not when:
             yield self
             return
-        exit_now, previous_phase = self._exit_now, self.phase
-        self._exit_now, self.phase = True, phase
+        deferring, previous_phase = self._deferring, self.phase
+        self._deferring, self.phase = False, phase
         try:
             yield self
         finally:
-            self._exit_now, self.phase = exit_now, previous_phase
+            self._deferring, self.phase = deferring, previous_phase
 
     def _handle(self, signum, frame) -> None:
-        ends_now = self._exit_now or (self._deferring and self.requested)
-        if ends_now and self._report is not None and not self._raised:
-            self.signum = signum
-            log.warning(self._report(signum, self.phase))
-            exit_at_once(128 + signum)
         if self._raised or (self.signum is not None and signum == signal.SIGINT):
             # Already stopping and asked again: leave now, in one line.
             print(f"{signal.Signals(signum).name} again: exiting at once", file=sys.stderr)
@@ -164,7 +152,7 @@ class StopRequest:
             return
         self.signum = signum
         self._raised = True
-        raise Interrupted(signum)
+        raise Interrupted(signum, self.phase)
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
