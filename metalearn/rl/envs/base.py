@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 import jax
 
+from metalearn.core.checks import check_count
 from metalearn.registry import register_other_part
 
 State = Any
@@ -101,9 +102,10 @@ def env_problem(env: Any) -> str | None:
     if not isinstance(env, Env):
         return f"its factory returned a {type(env).__name__}, not a metalearn.rl.envs.base.Env"
     for field in ("obs_dim", "action_dim", "horizon"):
-        value = getattr(env, field)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            return f"its {field} must be an integer >= 1, got {value!r}"
+        try:
+            check_count(f"its {field}", getattr(env, field))
+        except ValueError as err:
+            return str(err)
     tasks = jax.eval_shape(lambda key: env.sample_tasks(key, 3), jax.random.key(0))
     shapes = [leaf.shape for leaf in jax.tree.leaves(tasks)]
     if not shapes or any(shape[:1] != (3,) for shape in shapes):
