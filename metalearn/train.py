@@ -62,6 +62,9 @@ from metalearn.runner.signals import exit_at_once
 from metalearn.runner.sweeps import ERROR_DETAILS, record_job, write_error_details
 from metalearn.tools import usage_error
 
+# Hydra's default launcher: a sweep's jobs one after another in this process.
+IN_PROCESS_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+
 # The Hydra configs ship inside the package (metalearn/conf/), so a wheel install runs too.
 CONF_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
 log = logging.getLogger("metalearn")
@@ -148,10 +151,12 @@ def main(cfg: DictConfig) -> float | None:
         code = 128 + summary["signal"]
         if sweep:
             record_job(workdir, "interrupted", code, f"stopped by signal {summary['signal']}")
-            sys.exit(code)  # in a sweep, a signal stops the remaining jobs too
         # What was saved is said; end now. Python's normal exit waits for an XLA compilation
-        # the signal interrupted, which runs on (minutes for a long unrolled inner loop).
-        exit_at_once(code)
+        # the signal interrupted, which runs on (minutes for a long unrolled inner loop). A
+        # job another launcher started (submitit's) exits normally: its launcher reads the end.
+        if not sweep or hydra_cfg.launcher._target_ == IN_PROCESS_LAUNCHER:
+            exit_at_once(code)  # in a sweep, a signal stops the remaining jobs too
+        sys.exit(code)
     if sweep:
         record_job(workdir, "ok")
     return summary["best_val_score"]

@@ -91,19 +91,22 @@ def test_signal_anywhere_says_what_was_saved_and_resumes(tmp_path, signum, marke
     assert len(json.loads((run_dir / "eval.json").read_text())) == 3 * 2
 
 
-@pytest.mark.parametrize("signals", [["SIGTERM"], ["SIGINT", "SIGINT"]], ids=["once", "twice"])
-def test_a_signal_during_a_long_compilation_ends_the_run_at_once(tmp_path, signals):
+@pytest.mark.parametrize(
+    "signals, sweep",
+    [(["SIGTERM"], False), (["SIGINT", "SIGINT"], False), (["SIGTERM"], True)],
+    ids=["once", "twice", "sweep"],
+)
+def test_a_signal_during_a_long_compilation_ends_the_run_at_once(tmp_path, signals, sweep):
     """300 unrolled inner steps compile for minutes (381 s measured on 2 cores). Compiling from
     the state last saved (here the seed's), a stop loses nothing: the run ends at once with its
     stop line. It waited for the compilation; a second signal printed the stop line and stayed
-    alive until XLA had finished."""
-    run_dir = tmp_path / "run"
-    proc = start(
-        run_dir,
-        "algorithm.inner_steps=300",
-        "algorithm.unroll=300",
-        "trainer.compilation_cache=off",
-    )
+    alive until XLA had finished; so did a local sweep (its job recorded as interrupted)."""
+    long_compile = ["algorithm.inner_steps=300", "algorithm.unroll=300"]
+    long_compile += ["trainer.compilation_cache=off"]
+    if sweep:
+        proc = start(None, "-m", "seed=0,1", *long_compile, cwd=tmp_path)
+    else:
+        proc = start(tmp_path / "run", *long_compile)
     lines = []
     for line in proc.stdout:
         lines.append(line)
@@ -120,6 +123,10 @@ def test_a_signal_during_a_long_compilation_ends_the_run_at_once(tmp_path, signa
     assert "compiled" not in output and "Traceback" not in output, output
     stop = f"interrupted by {signals[0]} during compilation: nothing is saved yet; rerun the same"
     assert stop in output, output
+    if sweep:
+        [sweep_dir] = (tmp_path / "multirun").glob("*/*")
+        [job] = [p for p in sweep_dir.iterdir() if p.is_dir()]  # the sweep stopped at its first
+        assert json.loads((job / "status.json").read_text())["status"] == "interrupted"
 
 
 def hinted_override(output: str, command: str) -> str:
