@@ -120,10 +120,11 @@ def main(cfg: DictConfig) -> float | None:
     try:
         # Hydra has rewritten .hydra/ already: a refusal or failure before a checkpoint is saved
         # puts the run's record back, so the directory still says what its run was.
-        with record_kept_unless_trained(workdir):
+        with record_kept_unless_trained(workdir) as ending:
             load_plugins()  # again in a job of its own process (a submitit launcher's)
             check_group_choices(hydra_cfg.runtime.choices, _group_options())
             summary = run(cfg, workdir)
+            ending.interrupted = summary["interrupted"]
     except RunDirectoryError as err:
         return _failed(workdir, sweep, f"error: {err}", 2, status="refused")
     except (ValueError, FileNotFoundError, NonFiniteError, DataSourceError) as err:

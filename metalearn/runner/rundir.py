@@ -404,9 +404,17 @@ def record_config(cfg: Config, workdir: str, changed: dict[str, tuple[Any, Any]]
         shutil.copytree(hydra_dir, os.path.join(directory, HYDRA_COPY), dirs_exist_ok=True)
 
 
+@dataclasses.dataclass
+class RunEnding:
+    """How the code inside :func:`record_kept_unless_trained` ended, beyond an exception."""
+
+    interrupted: bool = False  # a signal stopped it (it returned, saying what was saved)
+
+
 @contextlib.contextmanager
-def record_kept_unless_trained(workdir: str) -> Iterator[None]:
-    """Put the run's recorded config back if the code inside raises before saving a checkpoint.
+def record_kept_unless_trained(workdir: str) -> Iterator[RunEnding]:
+    """Put the run's recorded config back if the code inside raises, or is interrupted
+    (``ending.interrupted = True``), before saving a checkpoint.
 
     Hydra rewrites ``.hydra/`` with the command line before the task can check it, and the
     config of a rerun is recorded (``config.yaml``, ``checkpoints/config.json``, the Hydra
@@ -430,18 +438,26 @@ def record_kept_unless_trained(workdir: str) -> Iterator[None]:
     backup = tempfile.mkdtemp(prefix="metalearn-hydra-")
     if os.path.isdir(hydra_copy):
         shutil.copytree(hydra_copy, backup, dirs_exist_ok=True)
+
+    def put_back_unless_trained() -> None:
+        if set(saved_steps(workdir)) - steps_before:
+            return
+        for path, content in saved.items():
+            with open(path + ".tmp", "wb") as f:
+                f.write(content)
+            os.replace(path + ".tmp", path)
+        if os.path.isdir(hydra_copy):
+            shutil.rmtree(hydra_copy)
+            shutil.copytree(backup, hydra_copy)
+            restore_hydra_files(workdir)
+
+    ending = RunEnding()
     try:
-        yield
+        yield ending
+        if ending.interrupted:  # e.g. while compiling, before the first new checkpoint
+            put_back_unless_trained()
     except Exception:
-        if not set(saved_steps(workdir)) - steps_before:
-            for path, content in saved.items():
-                with open(path + ".tmp", "wb") as f:
-                    f.write(content)
-                os.replace(path + ".tmp", path)
-            if os.path.isdir(hydra_copy):
-                shutil.rmtree(hydra_copy)
-                shutil.copytree(backup, hydra_copy)
-                restore_hydra_files(workdir)
+        put_back_unless_trained()
         raise
     finally:
         shutil.rmtree(backup, ignore_errors=True)

@@ -48,16 +48,21 @@ class Interrupted(BaseException):
 
 
 def exit_at_once(code: int) -> None:
-    """End the process with ``code`` now, after flushing what it printed and logged, without
-    Python's exit handlers: a normal exit waits for an XLA compilation that a signal
-    interrupted (it runs on, minutes for a long program). Call it only once everything worth
-    keeping is written."""
+    """End the process with ``code`` now, after flushing what it printed and logged (and
+    shutting down JAX's distributed client, as JAX's own exit handler does), without Python's
+    exit handlers: a normal exit waits for an XLA compilation that a signal interrupted (it
+    runs on, minutes for a long program). Call it only once everything worth keeping is
+    written; it ends the interpreter, not only the call (in a notebook too)."""
     for handler in logging.getLogger().handlers + log.handlers:
         with contextlib.suppress(Exception):
             handler.flush()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+    jax = sys.modules.get("jax")
+    if jax is not None:  # a multi-host run leaves its coordination service as JAX's exit would
+        with contextlib.suppress(Exception):
+            jax.distributed.shutdown()
     os._exit(code)
 
 

@@ -100,7 +100,8 @@ def test_a_signal_during_a_long_compilation_ends_the_run_at_once(tmp_path, signa
     """300 unrolled inner steps compile for minutes (381 s measured on 2 cores). Compiling from
     the state last saved (here the seed's), a stop loses nothing: the run ends at once with its
     stop line. It waited for the compilation; a second signal printed the stop line and stayed
-    alive until XLA had finished; so did a local sweep (its job recorded as interrupted)."""
+    alive until XLA had finished; so did a local sweep (its job recorded as interrupted). A
+    second signal close behind the first ends it at once too, with one line or the other."""
     long_compile = ["algorithm.inner_steps=300", "algorithm.unroll=300"]
     long_compile += ["trainer.compilation_cache=off"]
     if sweep:
@@ -112,9 +113,10 @@ def test_a_signal_during_a_long_compilation_ends_the_run_at_once(tmp_path, signa
         lines.append(line)
         if "training sinusoid_maml" in line:
             break
-    for name in signals:
-        time.sleep(3)  # inside the compilation
+    time.sleep(3)  # inside the compilation
+    for name in signals:  # a second one 10 ms after the first, while it is being handled
         proc.send_signal(getattr(signal, name))
+        time.sleep(0.01)
     sent = time.time()
     rest, _ = proc.communicate(timeout=240)
     output = "".join(lines) + rest
@@ -122,11 +124,40 @@ def test_a_signal_during_a_long_compilation_ends_the_run_at_once(tmp_path, signa
     assert time.time() - sent < 60, output
     assert "compiled" not in output and "Traceback" not in output, output
     stop = f"interrupted by {signals[0]} during compilation: nothing is saved yet; rerun the same"
-    assert stop in output, output
+    again = f"{signals[0]} again: exiting at once"  # the second landed before the stop line
+    assert stop in output or (len(signals) == 2 and again in output), output
     if sweep:
         [sweep_dir] = (tmp_path / "multirun").glob("*/*")
         [job] = [p for p in sweep_dir.iterdir() if p.is_dir()]  # the sweep stopped at its first
         assert json.loads((job / "status.json").read_text())["status"] == "interrupted"
+
+
+def test_a_rerun_stopped_while_compiling_keeps_the_record_of_its_checkpoints(tmp_path):
+    """A rerun with allowed changes records its config first; stopped while it compiles (at
+    once, before any checkpoint of the new config), the record went on saying the new config,
+    and a rerun with the run's own settings was refused as a different config."""
+    run_dir = tmp_path / "run"
+    first = start(run_dir)
+    out, _ = first.communicate(timeout=300)
+    assert first.returncode == 0, out
+    record = (run_dir / "config.yaml").read_text()
+    changes = ["algorithm.inner_steps=300", "algorithm.unroll=300"]
+    allowed = "trainer.allow_changes=[trainer.meta_steps,algorithm.inner_steps,algorithm.unroll]"
+    rerun = start(run_dir, "trainer.meta_steps=8", *changes, allowed)
+    lines = []
+    for line in rerun.stdout:
+        lines.append(line)
+        if "training sinusoid_maml" in line:
+            break
+    time.sleep(3)  # inside the compilation
+    rerun.send_signal(signal.SIGTERM)
+    output = "".join(lines) + rerun.communicate(timeout=240)[0]
+    assert rerun.returncode == 128 + signal.SIGTERM, output
+    assert "during compilation: the checkpoint of step 4 is saved" in output, output
+    assert (run_dir / "config.yaml").read_text() == record
+    again = start(run_dir)
+    out, _ = again.communicate(timeout=300)
+    assert again.returncode == 0 and "different config" not in out, out
 
 
 def hinted_override(output: str, command: str) -> str:
