@@ -59,9 +59,15 @@ def registrations_stay_in_their_test():
     test sees another's parts whatever the order. Parts registered at import stay."""
     from hydra.core.config_store import ConfigStore
 
+    from metalearn.rl.envs import base as envs
+
     entries = {group: dict(reg._entries) for group, reg in registry.GROUPS.items()}
     other_parts = _copy_dicts(registry.OTHER_PARTS)
+    env_tables = [(table, dict(table)) for table in (envs.ENVS, envs.BATCHED_LINALG_ENVS)]
     yield
+    for table, before in env_tables:
+        table.clear()
+        table.update(before)
     repo = ConfigStore.instance().repo
     for group, reg in registry.GROUPS.items():
         reg._entries.clear()

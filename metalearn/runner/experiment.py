@@ -327,7 +327,8 @@ def unread_final_lr_warning(cfg: OptimizerConfig) -> str | None:
     return (
         f"optimizer.final_lr_fraction={cfg.final_lr_fraction} is unused: only "
         f"optimizer.schedule=cosine decays the rate, and this run's schedule is {cfg.schedule} "
-        f"(the rate stays {cfg.lr}); for a decay, set optimizer.schedule=cosine"
+        f"(the rate {'warms up to' if cfg.warmup_steps else 'stays'} {cfg.lr}); for a decay, "
+        "set optimizer.schedule=cosine"
     )
 
 
