@@ -447,7 +447,6 @@ def count_flops(path: Path) -> list[dict[str, Any]]:
             argv = ["--case", row["case"], "--impl", "metalearn", "--batching", "vmap"]
             argv += ["--inner-steps", str(row["inner_steps"]), "--order", row["order"]]
             argv += ["--meta-batch", str(row["meta_batch"])]
-            argv += ["--inner-unroll", str(row.get("inner_unroll", "full"))]
             argv += ["--conv", row["conv"]] if row["conv"] != "-" else []
             argv += ["--remat"] if row.get("remat") else []
             (spec,) = make_specs(parse_args(argv))  # the spec the timed run was built from

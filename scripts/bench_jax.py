@@ -218,9 +218,10 @@ def _flops(cost: Any) -> float | None:
 
 def step_gflop(spec: dict[str, Any]) -> float | None:
     """XLA's count of one meta-step's floating-point operations, in GFLOP (the step with
-    ``vmap`` over tasks: the lowered program's count, else the compiled one's, which is what
-    XLA:GPU gives), or None where the backend gives no count."""
-    built = build_step(spec, counting=True)
+    ``vmap`` over tasks and the inner loop unrolled: the lowered program's count, else the
+    compiled one's, which is what XLA:GPU gives), or None where the backend gives no count."""
+    # The inner loop unrolled: the same arithmetic, and a rolled loop's body counts once.
+    built = build_step({**spec, "inner_unroll": "full"}, counting=True)
     lowered = built.jitted.lower(built.state, built.arrays)
     flops = _flops(lowered.cost_analysis()) or _flops(lowered.compile().cost_analysis())
     return flops / 1e9 if flops else None
