@@ -29,6 +29,7 @@ from metalearn.data.task import (
     Objective,
     Task,
     apply_to_batch,
+    describe,
     supervised_loss_and_metrics,
 )
 from metalearn.registry import ALGORITHMS
@@ -92,13 +93,9 @@ def _check_embeddings(embeddings) -> None:
     once, nothing in the compiled step."""
     if hasattr(embeddings, "shape") and embeddings.ndim == 2:
         return
-    shown = (
-        f"an array of shape {tuple(embeddings.shape)}"
-        if hasattr(embeddings, "shape")
-        else f"a {type(embeddings).__name__}"
-    )
     raise ValueError(
-        f"algorithm=protonet: the model's embed (ModelParts(embed=...)) returned {shown}, not one "
+        f"algorithm=protonet: the model's embed (ModelParts(embed=...)) returned "
+        f"{describe(embeddings)}, not one "
         "array of features [examples, features] to average into prototypes: return the "
         "features alone, flattened per example; see docs/extending.md (a model)"
     )

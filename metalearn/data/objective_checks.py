@@ -26,28 +26,17 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from metalearn.data.task import SUPERVISED, Aux, Objective, TaskFamily, apply_to_batch
+from metalearn.data.task import (
+    SUPERVISED,
+    Aux,
+    Objective,
+    TaskFamily,
+    apply_to_batch,
+    describe,
+)
 
 OBJECTIVE_DOCS = "see docs/extending.md (a task family that is not supervised)"
 MODEL_DOCS = "see docs/extending.md (a model)"
-
-
-def describe(value: Any) -> str:
-    """What ``value`` (abstract or concrete) is, in a few words, for an error message.
-
-    >>> describe(jax.ShapeDtypeStruct((10,), jnp.float32)), describe((1, 2)), describe(None)
-    ('an array of shape (10,) (float32)', 'a tuple of 2 items', 'None')
-    """
-    if value is None:
-        return "None"
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
-        return f"an array of shape {tuple(value.shape)} ({value.dtype})"
-    if isinstance(value, tuple | list):
-        name = "a tuple" if isinstance(value, tuple) else "a list"
-        shapes = [tuple(v.shape) for v in value if hasattr(v, "shape")]
-        of_arrays = f" (arrays of shapes {', '.join(map(str, shapes))})" if shapes else ""
-        return f"{name} of {len(value)} item{'s' if len(value) != 1 else ''}{of_arrays}"
-    return f"a {type(value).__name__}"
 
 
 def _shapes(tree: Any) -> dict[str, tuple[tuple[int, ...], Any]]:

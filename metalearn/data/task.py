@@ -164,6 +164,24 @@ def mask_absent_classes(logits: jax.Array, labels: jax.Array, weights: jax.Array
     return jnp.where(present, logits, -jnp.inf)
 
 
+def describe(value: Any) -> str:
+    """What ``value`` (abstract or concrete) is, in a few words, for an error message.
+
+    >>> describe(jax.ShapeDtypeStruct((10,), jnp.float32)), describe((1, 2)), describe(None)
+    ('an array of shape (10,) (float32)', 'a tuple of 2 items', 'None')
+    """
+    if value is None:
+        return "None"
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"an array of shape {tuple(value.shape)} ({value.dtype})"
+    if isinstance(value, tuple | list):
+        name = "a tuple" if isinstance(value, tuple) else "a list"
+        shapes = [tuple(v.shape) for v in value if hasattr(v, "shape")]
+        of_arrays = f" (arrays of shapes {', '.join(map(str, shapes))})" if shapes else ""
+        return f"{name} of {len(value)} item{'s' if len(value) != 1 else ''}{of_arrays}"
+    return f"a {type(value).__name__}"
+
+
 def check_output_shapes(kind: str, outputs: jax.Array, targets: jax.Array) -> None:
     """ValueError (one line) unless a supervised ``kind``'s model ``outputs`` and task
     ``targets`` fit without broadcasting: equal shapes for regression (outputs ``(n, 1)``
@@ -178,7 +196,7 @@ def check_output_shapes(kind: str, outputs: jax.Array, targets: jax.Array) -> No
     """
     if not hasattr(outputs, "shape"):  # a tuple: "'tuple' object has no attribute 'shape'"
         raise ValueError(
-            f"{kind}: the model's apply returned a {type(outputs).__name__}, not one array of "
+            f"{kind}: the model's apply returned {describe(outputs)}, not one array of "
             "outputs; return the outputs alone (see docs/extending.md, a model)"
         )
     outputs_shape, targets_shape = tuple(outputs.shape), tuple(targets.shape)
