@@ -91,6 +91,18 @@ def test_signal_anywhere_says_what_was_saved_and_resumes(tmp_path, signum, marke
     assert len(json.loads((run_dir / "eval.json").read_text())) == 3 * 2
 
 
+def inside_the_compilation(proc: subprocess.Popen) -> list[str]:
+    """The lines ``proc`` printed up to its first training step's compilation, 3 s into it
+    (300 unrolled inner steps compile for minutes)."""
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "training sinusoid_maml" in line:
+            break
+    time.sleep(3)
+    return lines
+
+
 @pytest.mark.parametrize(
     "signals, sweep",
     [(["SIGTERM"], False), (["SIGINT", "SIGINT"], False), (["SIGTERM"], True)],
@@ -108,12 +120,7 @@ def test_a_signal_during_a_long_compilation_ends_the_run_at_once(tmp_path, signa
         proc = start(None, "-m", "seed=0,1", *long_compile, cwd=tmp_path)
     else:
         proc = start(tmp_path / "run", *long_compile)
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if "training sinusoid_maml" in line:
-            break
-    time.sleep(3)  # inside the compilation
+    lines = inside_the_compilation(proc)
     for name in signals:  # a second one 10 ms after the first, while it is being handled
         proc.send_signal(getattr(signal, name))
         time.sleep(0.01)
@@ -144,12 +151,7 @@ def test_a_rerun_stopped_while_compiling_keeps_the_record_of_its_checkpoints(tmp
     changes = ["algorithm.inner_steps=300", "algorithm.unroll=300"]
     allowed = "trainer.allow_changes=[trainer.meta_steps,algorithm.inner_steps,algorithm.unroll]"
     rerun = start(run_dir, "trainer.meta_steps=8", *changes, allowed)
-    lines = []
-    for line in rerun.stdout:
-        lines.append(line)
-        if "training sinusoid_maml" in line:
-            break
-    time.sleep(3)  # inside the compilation
+    lines = inside_the_compilation(rerun)
     rerun.send_signal(signal.SIGTERM)
     output = "".join(lines) + rerun.communicate(timeout=240)[0]
     assert rerun.returncode == 128 + signal.SIGTERM, output
