@@ -76,14 +76,17 @@ def build_parts(spec: dict[str, Any]):
         model = build_model(config, tasks)
     # default: the library's (full up to FULL_UNROLL_MAX_STEPS, rolled beyond); full: k = steps
     unroll = spec.get("inner_unroll", "default")
-    unroll = unroll if unroll in ("default", "full") else int(unroll)
+    if unroll == "default":
+        unroll = None
+    elif unroll == "full":
+        unroll = max(1, spec["inner_steps"])
     learner = ALGORITHMS.build(
         MAMLConfig(
             inner_lr=spec["inner_lr"],
             inner_steps=spec["inner_steps"],
             first_order=spec["order"] == "first",
             remat=spec["remat"],
-            unroll={"default": None, "full": max(1, spec["inner_steps"])}.get(unroll, unroll),
+            unroll=None if unroll is None else int(unroll),
         ),
         family_objective(tasks, model),
     )

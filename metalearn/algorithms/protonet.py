@@ -95,9 +95,9 @@ def _check_embeddings(embeddings) -> None:
         return
     raise ValueError(
         f"algorithm=protonet: the model's embed (ModelParts(embed=...)) returned "
-        f"{describe(embeddings)}, not one "
-        "array of features [examples, features] to average into prototypes: return the "
-        "features alone, flattened per example; see docs/extending.md (a model)"
+        f"{describe(embeddings)}, not one array of features [examples, features] to average "
+        "into prototypes: return the features alone, flattened per example; see "
+        "docs/extending.md (a model)"
     )
 
 

@@ -31,13 +31,13 @@ import optax
 from metalearn.core.checks import check_count
 
 PyTree = Any
+LossFn = Callable[[PyTree, PyTree], jax.Array]
 
 # The longest inner loop that ``unroll=None`` unrolls fully; a longer one is a rolled loop.
-# Measured on 2 CPU cores (experiments/benchmarks/README.md, "Unrolled or rolled inner loop"):
-# unrolled was ~10% faster at 5-10 steps on sinusoid and no faster at 20; on Omniglot no faster
-# at 5 and ~10% slower at 10; its compile time grew with the steps, the rolled loop's did not.
+# Measured on 2 CPU cores (experiments/benchmarks/README.md, section 4): unrolled was ~10%
+# faster at 5-10 steps on sinusoid and no faster at 20; on Omniglot no faster at 5 and ~10%
+# slower at 10; its compile time grew with the steps, the rolled loop's did not.
 FULL_UNROLL_MAX_STEPS = 10
-LossFn = Callable[[PyTree, PyTree], jax.Array]
 
 
 def _check_finite_rate(inner_lr: float | PyTree | None) -> None:

@@ -40,10 +40,7 @@ MODEL_DOCS = "see docs/extending.md (a model)"
 
 
 def _shapes(tree: Any) -> dict[str, tuple[tuple[int, ...], Any]]:
-    return {
-        jax.tree_util.keystr(path, simple=True, separator="/"): (tuple(jnp.shape(leaf)), leaf.dtype)
-        for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
-    }
+    return {path: (tuple(jnp.shape(leaf)), leaf.dtype) for path, leaf in _leaves(tree)}
 
 
 def _state_summary(state: Any) -> str:
@@ -182,6 +179,7 @@ def check_objective(
 
 
 def _leaves(tree: Any) -> list[tuple[str, Any]]:
+    """``tree``'s leaves with their paths, ``"batch_stats/BatchNorm_0/mean"``."""
     return [
         (jax.tree_util.keystr(path, simple=True, separator="/"), leaf)
         for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
