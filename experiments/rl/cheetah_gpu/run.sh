@@ -3,7 +3,7 @@
 # horizon 200), both trained side by side on one lent GPU for TRAIN_S seconds, stopped by SIGTERM
 # (each saves its checkpoint), then each run's latest parameters tested on the held-out tasks its untrained
 # initialisation was tested on while it trained. One device call, from the repository root:
-#   source experiments/omniglot/omniglot_5w1s_h100/device_setup.sh; bash experiments/rl/cheetah_gpu/run.sh
+#   source scripts/offline_setup.sh .whl; bash experiments/rl/cheetah_gpu/run.sh
 # EXTRA / EVAL_EXTRA add overrides (a CPU dry run shrinks the sizes with them).
 set -u
 RUNS=${RUNS:-/tmp/runs}
