@@ -5,6 +5,8 @@
 # initialisation was tested on while it trained. One device call, from the repository root:
 #   source scripts/offline_setup.sh .whl; bash experiments/rl/cheetah_gpu/run.sh
 # EXTRA / EVAL_EXTRA add overrides (a CPU dry run shrinks the sizes with them).
+# A later call continues the same two runs: RESUME_FROM=experiments/rl/cheetah_gpu copies their
+# run directories (checkpoints included) into $RUNS first; a tested initialisation is not retested.
 set -u
 RUNS=${RUNS:-/tmp/runs}
 TRAIN_S=${TRAIN_S:-360}
@@ -12,6 +14,7 @@ EVAL_S=${EVAL_S:-150}
 EXTRA=${EXTRA:-}
 EVAL_EXTRA=${EVAL_EXTRA:-eval.num_tasks=100 eval.tasks_per_call=100}
 mkdir -p "$RUNS"
+[ -n "${RESUME_FROM:-}" ] && cp -r "$RESUME_FROM/cheetah_dir" "$RESUME_FROM/cheetah_vel" "$RUNS/"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.2}
 { date -u; echo "commit ${COMMIT:-unknown}"; nvidia-smi -L 2>&1; python3 -c "import jax; print(jax.__version__, jax.devices())"; } > "$RUNS/device.txt" 2>&1
 SECONDS=0
@@ -25,6 +28,7 @@ done
 # The untrained initialisations are tested while the runs train (same held-out tasks).
 sleep 30
 for family in dir vel; do
+  [ -e "$RUNS/cheetah_$family/eval_init.json" ] && continue
   timeout $((TRAIN_S + EVAL_S - 30)) python3 -m metalearn.evaluate "$RUNS/cheetah_$family" \
     --which init $EVAL_EXTRA > "$RUNS/eval_cheetah_${family}_init.log" 2>&1 &
 done
