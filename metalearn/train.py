@@ -56,14 +56,12 @@ from metalearn.runner.rundir import (
     RunDirectoryError,
     no_space_message,
     record_kept_unless_trained,
+    resume_hint,
     run_directory_held,
 )
-from metalearn.runner.signals import exit_at_once
+from metalearn.runner.signals import exit_at_once, hand_back_to_launcher, requeue_signal
 from metalearn.runner.sweeps import ERROR_DETAILS, record_job, write_error_details
 from metalearn.tools import usage_error
-
-# Hydra's default launcher: a sweep's jobs one after another in this process.
-IN_PROCESS_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 
 # The Hydra configs ship inside the package (metalearn/conf/), so a wheel install runs too.
 CONF_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
@@ -152,15 +150,37 @@ def main(cfg: DictConfig) -> float | None:
         code = 128 + summary["signal"]
         if sweep:
             record_job(workdir, "interrupted", code, f"stopped by signal {summary['signal']}")
-        # What was saved is said; end now. Python's normal exit waits for an XLA compilation
-        # the signal interrupted, which runs on (minutes for a long unrolled inner loop). A
-        # job another launcher started (submitit's) exits normally: its launcher reads the end.
-        if not sweep or hydra_cfg.launcher._target_ == IN_PROCESS_LAUNCHER:
-            exit_at_once(code)  # in a sweep, a signal stops the remaining jobs too
-        sys.exit(code)
+        if summary.get("requeue"):
+            _requeue(workdir, summary["step"])
+        # What was saved is said; end now, in a sweep too (a signal stops its remaining jobs;
+        # a job of submitit's launcher ends without a result, as a killed one does). Python's
+        # normal exit waits for an XLA compilation the signal interrupted, which runs on
+        # (minutes for a long unrolled inner loop), and then may free what it still uses.
+        exit_at_once(code)
     if sweep:
         record_job(workdir, "ok")
     return summary["best_val_score"]
+
+
+def _requeue(workdir: str, step: int) -> None:
+    """Hand the requeue signal back to submitit, the checkpoint saved: it requeues the job
+    (which resumes from ``step``) and this process ends with submitit's exit status. Where it
+    cannot (timed out ``max_num_timeout`` times), say so; the caller ends the job."""
+    signum = requeue_signal()
+    assert signum is not None  # only a submitit job's StopRequest reports a requeue
+    record_job(
+        workdir, "requeued", 0, f"stopped at step {step} by {signal.Signals(signum).name}; requeued"
+    )
+    try:
+        not_requeued = hand_back_to_launcher(signum)
+    except SystemExit as requeued:
+        log.warning("submitit requeued the job; it resumes from step %d", step)
+        code = requeued.code if isinstance(requeued.code, int) else 1
+        exit_at_once(code % 256)
+    if not_requeued:  # None: a task other than the first, which requeues the job
+        message = f"stopped at step {step}; not requeued: {not_requeued}"
+        record_job(workdir, "interrupted", 128 + signum, message)
+        log.warning("%s; %s", message, resume_hint(workdir))
 
 
 def _failed_in_user_code(in_user_code: str, workdir: str, sweep: bool) -> None:

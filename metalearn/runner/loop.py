@@ -225,7 +225,8 @@ def train_and_evaluate(cfg: Config, workdir: str) -> dict:
 
     Writes ``metrics.jsonl``, TensorBoard events, ``checkpoints/``, ``best/``, ``eval.json``
     and ``summary.json``. Returns the summary; ``summary["interrupted"]`` is true when a signal
-    stopped the run (a checkpoint was saved first).
+    stopped the run (a checkpoint was saved first), and ``summary["requeue"]`` when one of them
+    was the requeue signal of the job's launcher (:func:`~metalearn.runner.signals.requeue_signal`).
     """
     started = time.perf_counter()  # before the data are loaded (and prepared, on a first run)
     with run_directory_held(workdir) if is_primary_host() else contextlib.nullcontext():
@@ -248,7 +249,12 @@ def _train_until_done_or_stopped(cfg: Config, workdir: str, started: float) -> d
             )
             phase = err.phase or stop.phase
             log.warning("%s during %s: %s; %s", err, phase, saved, resume_hint(workdir))
-            return {"interrupted": True, "step": max(steps, default=0), "signal": err.signum}
+            return {
+                "interrupted": True,
+                "step": max(steps, default=0),
+                "signal": err.signum,
+                "requeue": stop.requeue,
+            }
 
 
 def prepare_run_directory(cfg: Config, workdir: str) -> None:
@@ -362,7 +368,12 @@ def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
                     runner.checkpoints.directory,
                     resume_hint(runner.workdir),
                 )
-                return {"interrupted": True, "step": step, "signal": stop.signum}
+                return {
+                    "interrupted": True,
+                    "step": step,
+                    "signal": stop.signum,
+                    "requeue": stop.requeue,
+                }
         train_seconds = time.perf_counter() - start_time
         untimed = runner.compile_seconds + runner.pause_seconds
         unchanged = step > start_step and bool(all_equal(start_params, state.meta_params))

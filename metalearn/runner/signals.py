@@ -6,6 +6,13 @@ last saved (:meth:`StopRequest.at_once`), the signal stops it at once. Anywhere 
 the final validation and test evaluation) the signal raises :class:`Interrupted` at once; the
 caller reports the latest saved checkpoint. A second signal while the first is being handled
 ends the process at once with exit status ``128 + signal``.
+
+In a job of submitit's (Hydra's submitit launcher), its requeue signal (:func:`requeue_signal`:
+SLURM's warning before the job's time limit, and a pre-emption) is a stop too, remembered in
+``StopRequest.requeue``: the caller hands it back to submitit once the checkpoint is saved
+(:func:`hand_back_to_launcher`), and submitit requeues the job, which resumes from it. Before,
+submitit's handler requeued and exited from inside the training step, and the requeued job
+repeated every step since the last periodic checkpoint.
 """
 
 from __future__ import annotations
@@ -21,6 +28,37 @@ from collections.abc import Iterator
 
 log = logging.getLogger("metalearn")
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def requeue_signal() -> int | None:
+    """The signal on which submitit requeues this process's job, when it is a submitit job
+    (SLURM sends it ``signal_delay_s`` before the time limit, and on a pre-emption; submitit's
+    local executor likewise); else None. submitit names it in ``SUBMITIT_PREEMPT_SIGNAL``
+    (default ``USR2``) and sets ``SUBMITIT_FOLDER`` in every job.
+
+    >>> requeue_signal() is None  # not a submitit job
+    True
+    """
+    if "SUBMITIT_FOLDER" not in os.environ:
+        return None
+    return getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
+
+
+def hand_back_to_launcher(signum: int) -> str | None:
+    """Call the handler that the job's launcher installed for ``signum`` (submitit's: it
+    requeues the job and exits by raising SystemExit), once what the signal stopped is saved.
+    Returns why the job was not requeued (submitit's message), or None when the handler
+    returned without requeuing (a task other than the job's first)."""
+    handler = signal.getsignal(signum)
+    if not callable(handler):
+        return f"no handler for {signal.Signals(signum).name} to requeue the job"
+    try:
+        handler(signum, None)
+    except SystemExit:
+        raise
+    except Exception as err:  # submitit's UncompletedJobError: timed out too many times
+        return str(err) or type(err).__name__
+    return None
 
 
 class Interrupted(BaseException):
@@ -113,6 +151,8 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.requeue = False  # the launcher's requeue signal came (first or later)
+        self._requeue_signal = requeue_signal()
         self.phase = "start-up"
         self._deferring = False
         self._raised = False
@@ -148,6 +188,10 @@ class StopRequest:
             self._deferring, self.phase = deferring, previous_phase
 
     def _handle(self, signum, frame) -> None:
+        if signum == self._requeue_signal:
+            self.requeue = True
+        if self._stopping_already(signum):
+            return
         if self._raised or (self.signum is not None and signum == signal.SIGINT):
             # Already stopping and asked again: leave now, in one line.
             print(f"{signal.Signals(signum).name} again: exiting at once", file=sys.stderr)
@@ -155,8 +199,9 @@ class StopRequest:
         if self._deferring and self.signum is None:
             self.signum = signum
             log.warning(
-                "received %s: stopping after the current step and saving a checkpoint",
+                "received %s%s: stopping after the current step and saving a checkpoint",
                 signal.Signals(signum).name,
+                self._requeue_note(signum),
             )
             return
         if _swallowing_exceptions(frame):
@@ -170,9 +215,30 @@ class StopRequest:
         INTERRUPTED_FRAMES_KEPT.append(interrupted)
         raise interrupted
 
+    def _requeue_note(self, signum: int) -> str:
+        if signum != self._requeue_signal:
+            return ""
+        return " (the cluster's job time limit is near, or the job is pre-empted; it is requeued)"
+
+    def _stopping_already(self, signum: int) -> bool:
+        """Whether ``signum`` only joins a stop under way: the requeue signal, or SIGTERM
+        after it, arrive together at a pre-emption (SLURM sends both; and SIGTERM again when it
+        requeues the job). Another SIGTERM, or SIGINT, still ends the stop at once."""
+        if self.signum is None and not self._raised:
+            return False
+        cluster_pair = {signal.SIGTERM, self._requeue_signal}
+        if not (signum == self._requeue_signal or (self.requeue and signum in cluster_pair)):
+            return False
+        if signum == self._requeue_signal and self.signum is not None:
+            log.warning(
+                "received %s as well%s", signal.Signals(signum).name, self._requeue_note(signum)
+            )
+        return True
+
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
-            for signum in SIGNALS:
+            signals = SIGNALS + ((self._requeue_signal,) if self._requeue_signal else ())
+            for signum in signals:
                 self._previous[signum] = signal.signal(signum, self._handle)
             gc.callbacks.append(_Collection.track)
         return self

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from metalearn.runner.signals import Interrupted, StopRequest
+from metalearn.runner.signals import Interrupted, StopRequest, hand_back_to_launcher
 from tests.cli import checkout_env
 
 
@@ -43,6 +43,64 @@ def test_elsewhere_the_signal_raises_at_once():
         stop._handle(signal.SIGTERM, sys._getframe())
 
 
+@pytest.mark.parametrize(
+    "first, second", [("SIGUSR2", "SIGTERM"), ("SIGTERM", "SIGUSR2")], ids=["usr2", "pre-emption"]
+)
+def test_the_clusters_requeue_signal_and_sigterm_make_one_deferred_stop(monkeypatch, first, second):
+    # A pre-emption sends SIGTERM and the requeue signal together (SLURM, in either order): the
+    # second is not an impatient user's, and must not interrupt the step the first lets finish.
+    monkeypatch.setenv("SUBMITIT_FOLDER", "/nowhere")  # as in a submitit job
+    with StopRequest() as stop, stop.deferred():
+        stop._handle(getattr(signal, first), sys._getframe())
+        stop._handle(getattr(signal, second), sys._getframe())  # returns: no Interrupted
+    assert stop.signum == getattr(signal, first) and stop.requeue
+
+
+def test_outside_a_submitit_job_sigusr2_is_not_taken_and_sigterm_twice_still_interrupts():
+    with StopRequest() as stop:
+        assert signal.getsignal(signal.SIGUSR2) is not stop._handle
+        with stop.deferred():
+            stop._handle(signal.SIGTERM, sys._getframe())
+            with pytest.raises(Interrupted):
+                stop._handle(signal.SIGTERM, sys._getframe())
+    assert not stop.requeue
+
+
+def test_the_requeue_signal_while_an_interruption_is_handled_does_not_end_the_process(
+    monkeypatch,
+):
+    # Outside the training loop SIGTERM raises at once; the requeue signal behind it used to
+    # be the "second signal" that ends the process with os._exit, before the job is requeued.
+    monkeypatch.setenv("SUBMITIT_FOLDER", "/nowhere")
+    with StopRequest() as stop:
+        assert signal.getsignal(signal.SIGUSR2) == stop._handle
+        with pytest.raises(Interrupted):
+            stop._handle(signal.SIGTERM, sys._getframe())
+        stop._handle(signal.SIGUSR2, sys._getframe())
+    assert stop.requeue
+
+
+def test_handing_the_signal_back_says_why_the_launcher_did_not_requeue():
+    def requeues(signum, frame):
+        raise SystemExit(144)  # submitit's local executor's requeue
+
+    def gives_up(signum, frame):  # submitit, after max_num_timeout requeues
+        raise RuntimeError("Job not requeued because: timed-out too many times.")
+
+    previous = signal.signal(signal.SIGUSR2, gives_up)
+    try:
+        assert hand_back_to_launcher(signal.SIGUSR2) == (
+            "Job not requeued because: timed-out too many times."
+        )
+        signal.signal(signal.SIGUSR2, requeues)
+        with pytest.raises(SystemExit):
+            hand_back_to_launcher(signal.SIGUSR2)
+        signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+        assert "no handler for SIGUSR2" in hand_back_to_launcher(signal.SIGUSR2)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+
+
 # A program long enough to lower (~1.5 s) that XLA is still turning it into HLO, on a worker
 # thread, when the signal comes 0.1-0.3 s into its compilation. The script ends with os._exit,
 # as `metalearn.train` does after a stop (a normal exit would free what is kept, and XLA's
@@ -50,7 +108,7 @@ def test_elsewhere_the_signal_raises_at_once():
 SIGNAL_INSIDE_XLA_CONVERSION = """
 import gc, os, signal, sys, time
 import jax, jax.numpy as jnp
-from metalearn.runner.signals import Interrupted, StopRequest
+from metalearn.runner.signals import Interrupted, StopRequest, hand_back_to_launcher
 
 def program(x):
     for _ in range(3000):
