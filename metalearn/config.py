@@ -18,6 +18,7 @@ import importlib.resources
 import math
 import os
 import sys
+import tempfile
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -605,9 +606,10 @@ def check_writable(directory: str) -> None:
         )
     try:
         os.makedirs(directory, exist_ok=True)
-        probe = os.path.join(directory, ".write_test")
-        with open(probe, "w") as f:
-            f.write("ok")
+        # A name of its own: the processes of a distributed run check the same directory at
+        # once, and one removed the probe another was about to remove ("cannot be written").
+        descriptor, probe = tempfile.mkstemp(prefix=".write_test.", dir=directory)
+        os.close(descriptor)
         os.remove(probe)
     except OSError as err:
         existing = file_in_the_way(directory)

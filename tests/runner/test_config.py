@@ -3,6 +3,7 @@
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 from hydra.errors import ConfigCompositionException
@@ -160,6 +161,33 @@ def test_cli_reports_an_unwritable_output_directory(tmp_path):
     assert str(locked / "run") in lines[0]
     assert f"{locked / 'run'} is a file, not a directory" in lines[0]  # said "File exists"
     assert "compiled" not in result.stdout + result.stderr
+
+
+# One process checking the output directory over and over for a second and a half, from the
+# same moment as the others.
+CHECKING = """
+import sys, time
+from metalearn.config import check_writable
+start = float(sys.argv[2])
+time.sleep(max(0.0, start - time.time()))
+while time.time() < start + 1.5:
+    check_writable(sys.argv[1])
+"""
+
+
+def test_processes_that_check_one_output_directory_at_once_all_pass(tmp_path):
+    # The processes of a distributed run check the same run directory together: each wrote and
+    # removed the same probe file, and one removing another's made that one fail with
+    # "cannot be written (No such file or directory)" (1 or 2 of 3 processes, in 3 of 4 trials).
+    start = f"{time.time() + 8:.3f}"  # after every process has imported metalearn
+    command = [sys.executable, "-c", CHECKING, str(tmp_path / "run"), start]
+    procs = [
+        subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=checkout_env())
+        for _ in range(3)
+    ]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], errors
+    assert list((tmp_path / "run").iterdir()) == []  # no probe left behind
 
 
 @pytest.mark.parametrize(
