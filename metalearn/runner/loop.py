@@ -342,7 +342,8 @@ def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
     try:
         stop.phase = "training"
         with stop.deferred():
-            while step < t.meta_steps and not stop.requested:
+            stopping = False  # agreed by every process, at the end of each call
+            while step < t.meta_steps and not stopping:
                 n = chunk_length(step, cfg, runner.exp.steps_per_call)
                 # Compiling from the state last saved, a stop loses nothing: not deferred.
                 compiling = not runner.is_compiled(n) and step == saved_step
@@ -360,7 +361,8 @@ def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
                 if step % t.checkpoint_every == 0 or step == t.meta_steps:
                     runner.save(state, best_score, pending)
                     saved_step = step
-            if stop.requested:  # the signal may land after the last check inside the loop
+                stopping = stop.agreed()
+            if stopping or stop.agreed():  # the signal may land after the last check
                 runner.save(state, best_score, pending)
                 log.warning(
                     "stopped at step %d; checkpoint saved in %s; %s",

@@ -26,6 +26,8 @@ import sys
 import threading
 from collections.abc import Iterator
 
+import numpy as np
+
 log = logging.getLogger("metalearn")
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -102,6 +104,13 @@ def exit_at_once(code: int) -> None:
         with contextlib.suppress(Exception):
             jax.distributed.shutdown()
     os._exit(code)
+
+
+def jax_process_count() -> int:
+    """The number of processes of the run (1 unless JAX was imported and initialised as one of
+    several: this module does not import JAX itself)."""
+    jax = sys.modules.get("jax")
+    return 1 if jax is None else jax.process_count()
 
 
 # Every Interrupted raised by a signal, kept until the process ends, with its traceback and so
@@ -214,6 +223,32 @@ class StopRequest:
         interrupted = Interrupted(signum, self.phase)
         INTERRUPTED_FRAMES_KEPT.append(interrupted)
         raise interrupted
+
+    def agreed(self) -> bool:
+        """Whether any process of the run has been asked to stop (``requested`` on one
+        process); every process must call it at the same point, between two training calls.
+
+        The processes of a distributed run each get their own signal, if any (``kill`` of one,
+        or SLURM's signals landing on either side of a call boundary): one stopped to save a
+        checkpoint, a collective operation the others never joined, and the run hung until
+        killed, its checkpoint unsaved. Now they stop together, the signal of the first
+        process that had one taken by all."""
+        if jax_process_count() == 1:
+            return self.requested
+        from jax.experimental import multihost_utils
+
+        mine = np.array([self.signum or 0, int(self.requeue)], np.int32)
+        every = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, 2)
+        signalled = every[every[:, 0] > 0]
+        if len(signalled) and self.signum is None:
+            self.signum = int(signalled[0, 0])
+            log.warning(
+                "another process of the run received %s: stopping after the current step and "
+                "saving a checkpoint",
+                signal.Signals(self.signum).name,
+            )
+        self.requeue = self.requeue or bool(every[:, 1].any())
+        return len(signalled) > 0
 
     def _requeue_note(self, signum: int) -> str:
         if signum != self._requeue_signal:

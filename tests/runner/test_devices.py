@@ -3,10 +3,14 @@
 Each run is a subprocess, since the number of CPU devices is fixed when JAX starts.
 """
 
+import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -90,3 +94,46 @@ def test_two_processes_on_localhost_train_like_one(tmp_path):
         restore_latest_state(str(tmp_path / "one")), restore_latest_state(str(tmp_path / "two"))
     )
     assert (tmp_path / "two" / "eval.json").exists()
+
+
+def test_a_signal_to_one_process_of_a_distributed_run_stops_every_process_at_one_step(tmp_path):
+    """One process stopped to save a checkpoint (a collective the other never joined): the
+    run hung until killed, with nothing saved. Now both stop after the same step, save it, and
+    the pair resumes from it."""
+    run_dir = tmp_path / "run"
+    longer = ["trainer.meta_steps=1000", "trainer.steps_per_call=5", "trainer.log_every=50"]
+    longer += ["trainer.checkpoint_every=1000", "trainer.eval_every=0"]
+
+    def pair():
+        address = f"127.0.0.1:{free_port()}"
+        distributed = ["distributed.enabled=true", f"distributed.coordinator_address={address}"]
+        distributed += ["distributed.num_processes=2"]
+        return [
+            train(run_dir, *longer, *distributed, f"distributed.process_id={i}") for i in range(2)
+        ]
+
+    first = pair()
+    try:
+        deadline = time.time() + 180
+        while not logged_beyond(run_dir, 200):
+            assert time.time() < deadline and first[0].poll() is None
+            time.sleep(0.1)
+        first[1].send_signal(signal.SIGTERM)  # the second process only
+        outputs = [p.communicate(timeout=120)[0] for p in first]
+    finally:  # hung, they would hold both cores for the rest of the tests
+        for p in first:
+            p.kill()
+    assert [p.returncode for p in first] == [143, 143], outputs
+    stops = [re.findall(r"stopped at step (\d+); checkpoint saved", out) for out in outputs]
+    assert stops[0] == stops[1] and len(stops[0]) == 1, outputs
+    assert "another process of the run received SIGTERM" in outputs[0]
+    assert (run_dir / "checkpoints" / stops[0][0]).is_dir()
+    resumed = [finish(p) for p in pair()]
+    assert f"resumed from step {stops[0][0]} " in resumed[0]
+    assert (run_dir / "eval.json").exists()
+
+
+def logged_beyond(run_dir, step: int) -> bool:
+    metrics = run_dir / "metrics.jsonl"
+    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    return any(json.loads(x)["step"] >= step for x in lines[:-1])  # the last may be half-written
