@@ -110,6 +110,15 @@ def test_conv4_on_sinusoid_says_the_model_needs_images(tmp_path):
     error_line(result, "model=conv4 needs images", "data=sinusoid", "model=mlp")
 
 
+def test_conv4_on_an_rl_task_family_names_the_policy_model(tmp_path):
+    # It advised model=mlp, which the RL task family then refused: use model=gaussian_mlp.
+    result = run_cli(
+        "+experiment=rl_nav2d_maml", "+debug=tiny", "model=conv4", f"hydra.run.dir={tmp_path}"
+    )
+    line = error_line(result, "model=conv4 needs images", "model=gaussian_mlp")
+    assert "model=mlp" not in line and "image dataset" not in line
+
+
 def test_distributed_without_a_coordinator_names_the_keys(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI_"))}
     result = run_cli(*TINY, "distributed.enabled=true", f"hydra.run.dir={tmp_path}", env=env)
@@ -421,6 +430,23 @@ def test_an_rl_nan_names_the_settings_trpo_uses(tmp_path):
     result = run_cli(*RL_TINY, "algorithm.inner_lr=1e30", f"hydra.run.dir={tmp_path}")
     line = error_line(result, "non-finite", "lower algorithm.inner_lr or algorithm.max_kl (TRPO)")
     assert "optimizer" not in line
+
+
+def test_a_locomotion_run_without_brax_is_one_line(tmp_path):
+    # Installed without the locomotion extra: a 75-line traceback through Hydra, exit 1, that
+    # ended in the right advice.
+    missing = tmp_path / "site" / "brax"
+    missing.mkdir(parents=True)
+    (missing / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'brax'\", name='brax')\n"
+    )
+    result = run_cli(
+        "+experiment=rl_cheetah_vel_maml",
+        "+debug=tiny",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        env={**os.environ, "PYTHONPATH": str(missing.parent)},
+    )
+    error_line(result, "the locomotion environments need Brax", "pip install '.[locomotion]'")
 
 
 def test_a_run_directory_with_glob_characters_is_refused(tmp_path):

@@ -162,10 +162,14 @@ def build_model(model_config: Any, tasks: TaskFamily, data_name: str = "the data
         )
     rank = getattr(module, "input_rank", None)
     if rank == 3 and len(tasks.input_shape) != 3:
+        advice = (  # a family with an objective of its own (RL's) needs its own kind of model
+            "model=mlp, or an image dataset (data=omniglot, miniimagenet, cifarfs or fc100)"
+            if tasks.objective is None
+            else "a model for vector inputs (for an RL task family: model=gaussian_mlp)"
+        )
         raise ValueError(
             f"model={model_config.name} needs images (inputs [height, width, channels]) but "
-            f"data={data_name} gives inputs of shape {tuple(tasks.input_shape)}; use "
-            "model=mlp, or an image dataset (data=omniglot, miniimagenet, cifarfs or fc100)"
+            f"data={data_name} gives inputs of shape {tuple(tasks.input_shape)}; use {advice}"
         )
     parts = MODELS.entry(model_config.name).info.get("parts", ModelParts())
     model = model_from_flax(module, tasks.input_shape, parts)

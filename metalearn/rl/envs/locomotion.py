@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from metalearn.data.sources import DataSourceError
 from metalearn.rl.envs.base import Env, register_env
 
 log = logging.getLogger("metalearn")
@@ -133,12 +134,12 @@ def brax_env(robot: str, backend: str) -> Any:
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore", DeprecationWarning)
             from brax import envs
-    except ImportError as err:
-        raise ImportError(
-            "the locomotion environments need Brax: pip install -e '.[locomotion]'"
+        import mujoco  # installed with Brax
+    except ImportError as err:  # a DataSourceError: the run and evaluate say it in one line
+        raise DataSourceError(
+            f"the locomotion environments need Brax, which cannot be imported here ({err}): "
+            "pip install 'metalearn[locomotion]' (in a checkout: pip install '.[locomotion]')"
         ) from err
-
-    import mujoco
 
     # MuJoCo's compiler warns about Brax's own models (a deprecated attribute); by default it
     # writes MUJOCO_LOG.TXT into the working directory and prints to stderr. Brax warns, on every
