@@ -51,6 +51,7 @@ from metalearn.runner.devices import out_of_memory_message
 from metalearn.runner.evaluation import format_record
 from metalearn.runner.experiment import needs_serial_lapack
 from metalearn.runner.loop import Runner, load_for_evaluation
+from metalearn.runner.rundir import enclosing_store
 from metalearn.runner.signals import exit_at_once
 from metalearn.tools import OneLineParser, check_output_file
 
@@ -71,6 +72,14 @@ def load_run_config(run_dir: str, overrides: list[str]) -> Config:
     half-written or corrupt one, an override that does not parse, is not ``key=value`` or names
     an unknown key.
     """
+    store = enclosing_store(run_dir)
+    if store is not None:  # its .hydra/ holds a config.yaml: the evaluation wrote in there
+        run = os.path.dirname(store)
+        where = "is" if os.path.abspath(run_dir) == store else f"lies inside {store},"
+        raise ValueError(
+            f"{run_dir} {where} part of the run in {run}: evaluate that run, "
+            f"python -m metalearn.evaluate {run}"
+        )
     path = os.path.join(run_dir, "config.yaml")
     copy = os.path.join(run_dir, "checkpoints", "hydra", "config.yaml")
     if not os.path.exists(path) and os.path.exists(copy):  # Hydra's, kept with the checkpoints

@@ -220,6 +220,16 @@ def _stored_config(workdir: str) -> dict[str, Any] | None:
     )
 
 
+def _recorded_changes(workdir: str) -> dict[str, None]:
+    """The keys of the changes ``checkpoints/config.json`` records as allowed (none when it is
+    missing or unreadable)."""
+    try:
+        history = _read_record(os.path.join(workdir, "checkpoints", RECORD)).get("changes", [])
+        return {key: None for entry in history for key in entry["changed"]}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return {}
+
+
 def resume_hint(workdir: str) -> str:
     """What to rerun to resume the run in ``workdir``: the same command with its directory, or,
     for a job of a Hydra sweep (``-m``), the same sweep command with the sweep's directory
@@ -362,9 +372,20 @@ def check_rerun(cfg: Config, workdir: str) -> dict[str, tuple[Any, Any]]:
             f"checkpoints/{RECORD}): a run here would mix with them. Nothing was changed. "
             "Choose a new hydra.run.dir, or move those files away"
         )
-    check_allowed_changes(cfg.trainer.allow_changes, new, stored)
+    # Keys of changes already allowed count too: the run (and this check, again when training
+    # starts) goes on with the same command line, whose allow_changes may name a removed key.
+    check_allowed_changes(cfg.trainer.allow_changes, new, stored, _recorded_changes(workdir))
     changed = differences(stored, new)
     refused = {k: v for k, v in changed.items() if not _matches(k, cfg.trainer.allow_changes)}
+    other_kind = [k for k in ("data.name", "model.name") if k in refused]
+    if other_kind:  # other data or model: allowing every other key would not make it resume
+        shown = ", ".join(
+            f"{k} {_show(refused[k][0])} -> {_show(refused[k][1])}" for k in other_kind
+        )
+        raise RunDirectoryError(
+            f"{workdir} holds a run of another experiment ({held}; {shown}). Nothing was "
+            "changed. Choose a new hydra.run.dir"
+        )
     if refused:
         items = list(refused.items())[:5]
         shown = ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in items)

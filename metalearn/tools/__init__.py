@@ -74,6 +74,24 @@ def require_matplotlib() -> ModuleType:
     return matplotlib
 
 
+def save_figure(fig, out, fmt: str, dpi: int) -> None:
+    """Lay out ``fig`` and write it to ``out`` as given (without an extension matplotlib would
+    write, and overwrite, OUT.png), in format ``fmt``; ValueError (one line) when matplotlib
+    cannot draw it: a label or title it reads as mathtext (between ``$`` signs) and cannot
+    parse, or a format that needs a program not installed here (``.pgf``: LaTeX). It printed a
+    multi-line parser report, or an 89-line traceback."""
+    try:
+        fig.tight_layout()  # it lays out the text, parsing it
+        fig.savefig(out, dpi=dpi, format=fmt)
+    except (ValueError, RuntimeError) as err:
+        reason = " ".join(str(err).split())[:300] or type(err).__name__
+        raise ValueError(
+            f"matplotlib cannot write {out} ({type(err).__name__}: {reason}); in labels and "
+            "titles write a dollar sign as \\$ (between two $ matplotlib reads TeX math), or "
+            "choose another --out format (.png, .pdf, .svg)"
+        ) from None
+
+
 def is_number(value: object) -> bool:
     """An int or float as JSON gives them (``True`` is not a number here).
 
@@ -90,6 +108,26 @@ def is_count(value: object) -> bool:
     (True, False, False, False)
     """
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def is_float(value: object) -> bool:
+    """A number (:func:`is_number`) that a float can hold (an integer of 400 digits cannot;
+    NaN and the infinities are floats, read as non-finite results).
+
+    >>> is_float(0.5), is_float(float("nan")), is_float(10**400)
+    (True, True, False)
+    """
+    if not is_number(value):
+        return False
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
+
+
+# The largest count a record may hold: every count up to it is exact as a float, as plotted.
+MAX_COUNT = 2**53
 
 
 def check_eval_record(record: object) -> None:
@@ -110,17 +148,19 @@ def check_eval_record(record: object) -> None:
         raise ValueError(f"a record with metric {record['metric']!r}, not a metric's name")
     for key in ("shots", "steps", "ways", "tasks", "diverged", "nonfinite"):
         value = record.get(key, 0)
-        if not is_count(value):
+        if not is_count(value) or value > MAX_COUNT:
             raise ValueError(f"a record with {key} {value!r}, not a count (0, 1, 2, ...)")
     for key in ("mean", "ci95", "median", "change", "change_ci95"):
         value = record.get(key)
-        if value is not None and not is_number(value):
+        if value is not None and not is_float(value):
             raise ValueError(f"a record with {key} {value!r}, not a number or null")
+        if key.endswith("ci95") and value is not None and value < 0:
+            raise ValueError(f"a record with {key} {value!r}: an interval's half-width is >= 0")
     bounds = record.get("median_ci95", [None, None])
     if not isinstance(bounds, list) or len(bounds) != 2:
         raise ValueError(f"a record with median_ci95 {bounds!r}, not a pair [low, high]")
     for value in bounds:
-        if value is not None and not is_number(value):
+        if value is not None and not is_float(value):
             raise ValueError(f"a record with median_ci95 {bounds!r}, not numbers or null")
 
 

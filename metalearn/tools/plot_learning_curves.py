@@ -25,6 +25,7 @@ from metalearn.tools import (
     is_count,
     is_number,
     require_matplotlib,
+    save_figure,
 )
 
 require_matplotlib()  # the plot extra: one line and exit 2 without it
@@ -153,9 +154,7 @@ def plot(
             print(f"note: no {records} records to plot; that panel is empty", file=sys.stderr)
             ax.text(0.5, 0.5, f"no {records} records", ha="center", transform=ax.transAxes)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    # The path as given: without an extension matplotlib would write (and overwrite) OUT.png.
-    fig.savefig(out, dpi=120, format=fmt)
+    save_figure(fig, out, fmt, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,7 @@ from metalearn.tools import (
     check_image_out,
     exit_status,
     require_matplotlib,
+    save_figure,
 )
 
 require_matplotlib()  # the plot extra: one line and exit 2 without it
@@ -124,9 +125,7 @@ def plot(
     ax.set(xlabel="number of gradient steps", ylabel="average return", title=title)
     ax.set_xticks(all_steps)
     ax.legend()
-    fig.tight_layout()
-    # The path as given: without an extension matplotlib would write (and overwrite) OUT.png.
-    fig.savefig(out, dpi=100, format=fmt)
+    save_figure(fig, out, fmt, dpi=100)
     plt.close(fig)
 
 

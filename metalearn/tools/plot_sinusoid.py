@@ -14,7 +14,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from metalearn.tools import OneLineParser, check_image_out, exit_status, require_matplotlib
+from metalearn.tools import (
+    OneLineParser,
+    check_image_out,
+    exit_status,
+    require_matplotlib,
+    save_figure,
+)
 
 require_matplotlib()  # the plot extra: one line and exit 2 without it
 import matplotlib.pyplot as plt  # noqa: E402
@@ -69,9 +75,7 @@ def plot(
     )
     ax.set(title=f"MAML, K={shots}", xlim=d.input_range)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    # The path as given: without an extension matplotlib would write (and overwrite) OUT.png.
-    fig.savefig(out, dpi=120, format=fmt)
+    save_figure(fig, out, fmt, dpi=120)
 
 
 def initial_model_params(meta_params):

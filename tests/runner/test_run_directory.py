@@ -187,6 +187,32 @@ def test_an_allowed_section_does_not_allow_a_key_that_merely_starts_like_it(run_
     )
 
 
+def test_the_advised_allowed_changes_resume_a_run_whose_algorithm_drops_settings(tmp_path):
+    # Reptile pretraining continued with MAML: the refusal advised allow_changes naming
+    # Reptile's own keys (algorithm.adam_b1, ...); the run then checked it again as training
+    # started, against the config it had just recorded, and refused those keys as "not a
+    # setting", so the advice could never be followed (the same command, rerun, too).
+    run_dir = tmp_path / "run"
+    assert train(run_dir, "algorithm=reptile").returncode == 0
+    maml = ["algorithm=maml", "trainer.meta_steps=6"]
+    advice = one_line_error(train(run_dir, *maml), "different config", "algorithm.adam_b1")
+    allow = advice.split("accept the change with ")[1].strip("'")
+    resumed = train(run_dir, *maml, allow)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from step 4" in resumed.stdout + resumed.stderr
+    again = train(run_dir, *maml, allow)  # the same command line, on the finished run
+    assert again.returncode == 0, again.stderr[-3000:]
+
+
+def test_a_run_of_another_experiment_is_refused_without_advice_that_cannot_work(run_copy):
+    # It advised allow_changes with 35 keys; following it was refused ('not a setting').
+    before = snapshot(run_copy)
+    result = cli("metalearn.train", *RL_TINY, f"hydra.run.dir={run_copy}")
+    line = one_line_error(result, "holds a run of another experiment", 'data.name "sinusoid"')
+    assert "allow_changes" not in line and "Choose a new hydra.run.dir" in line
+    assert snapshot(run_copy) == before
+
+
 def test_an_allowed_change_that_names_nothing_is_refused(run_copy, tmp_path):
     # trainer.allow_changes=[nonsense] was accepted, allowing nothing, on a fresh run too.
     for directory in (run_copy, tmp_path / "fresh"):
@@ -560,3 +586,15 @@ def test_a_second_process_in_a_directory_being_trained_in_is_refused(tmp_path):
     resumed = run_cli(*TINY, f"hydra.run.dir={run}")  # the finished run, rerun: nothing to do
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert (run / "eval.json").read_bytes() == records["eval.json"]
+
+
+@pytest.mark.parametrize("part", [".hydra", "checkpoints", "checkpoints/hydra", "tensorboard"])
+def test_evaluate_refuses_a_part_of_a_run_and_names_the_run(run_copy, part):
+    # evaluate RUN/.hydra read Hydra's config.yaml there and wrote inside: best/ and
+    # checkpoints/, and with --which init its eval_init.json, which the next training run copied
+    # into RUN/checkpoints/hydra/; RUN/checkpoints was called a sweep's directory.
+    before = snapshot(run_copy)
+    result = cli("metalearn.evaluate", str(run_copy / part), "--which", "init")
+    line = one_line_error(result, f"part of the run in {run_copy}: evaluate that run")
+    assert f"python -m metalearn.evaluate {run_copy}" in line
+    assert snapshot(run_copy) == before

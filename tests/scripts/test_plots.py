@@ -2,6 +2,7 @@
 
 import json
 import math
+import shutil
 
 import pytest
 from omegaconf import OmegaConf
@@ -267,6 +268,11 @@ def test_rl_returns_refuses_two_runs_with_the_same_label(tmp_path):
         ("steps", True, "steps True"),
         ("mean", "x", "mean 'x'"),
         ("ci95", "n/a", "ci95 'n/a'"),
+        # Past the check before: a 169-line traceback from matplotlib's ticks, an
+        # OverflowError traceback, and "error: 'yerr' must not contain negative values".
+        ("steps", 10**30, "steps 1000000000000000000000000000000, not a count"),
+        ("mean", 10**400, "not a number or null"),
+        ("ci95", -1.0, "ci95 -1.0: an interval's half-width is >= 0"),
     ],
 )
 def test_rl_returns_refuses_a_malformed_value(tmp_path, key, value, fragment):
@@ -276,6 +282,22 @@ def test_rl_returns_refuses_a_malformed_value(tmp_path, key, value, fragment):
     path.write_text(json.dumps(records))
     result = run_tool("plot_rl_returns", str(path), "--out", str(tmp_path / "r.png"))
     error_line(result, str(path), "not an eval.json list of records", fragment)
+
+
+@pytest.mark.parametrize(
+    "flags", [["--labels", "$\\foo$"], ["--title", "$x^$"], ["--out", "r.pgf"]]
+)
+def test_rl_returns_says_in_one_line_what_matplotlib_cannot_draw(tmp_path, flags):
+    # Text between two $ is TeX math to matplotlib: an unparsable label or title printed its
+    # parser's 4-line report after a bare "error:"; .pgf without LaTeX, an 89-line traceback.
+    run = _rl_run(tmp_path / "a", "rl_nav2d_maml", [-40.0, -12.0])
+    out = ["--out", str(tmp_path / "r.png")] if flags[0] != "--out" else []
+    flags = [str(tmp_path / f) if f.endswith(".pgf") else f for f in flags]
+    result = run_tool("plot_rl_returns", str(run), *out, *flags)
+    if flags[0] == "--out" and shutil.which("xelatex"):  # this machine can write it
+        assert result.returncode == 0, result.stderr
+        return
+    error_line(result, "matplotlib cannot write", "write a dollar sign as \\$")
 
 
 def test_rl_returns_writes_exactly_the_out_path_given(tmp_path):
