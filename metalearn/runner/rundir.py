@@ -39,6 +39,7 @@ from metalearn.tools import (
     CHECKPOINT_STORES,
     OTHER_PARTS_OF_A_RUN,
     RUN_MARKS,
+    RUN_RECORDS,
     RUN_STORES,
     holds_a_run,
 )
@@ -336,9 +337,35 @@ def check_outside_stores(directory: str, key: str = "hydra.run.dir") -> None:
         )
 
 
+def isdir(directory: str, name: str) -> bool:
+    return os.path.isdir(os.path.join(directory, name))
+
+
+def isfile(directory: str, name: str) -> bool:
+    return os.path.isfile(os.path.join(directory, name))
+
+
+def check_layout(workdir: str) -> None:
+    """RunDirectoryError if a file the run writes in ``workdir`` (``eval.json``,
+    ``metrics.jsonl``, ...) is a directory there, or a directory it writes (``checkpoints/``,
+    ``best/``, ``tensorboard/``) is a file: the run failed with a traceback where it first
+    wrote there (for ``eval.json``, after the whole evaluation)."""
+    files = [name for name in RUN_RECORDS if "*" not in name]
+    directories = [name for name in RUN_STORES if name != ".hydra"]  # Hydra's own, written first
+    misplaced = [(n, "a directory", f"its {n} file") for n in files if isdir(workdir, n)]
+    misplaced += [(n, "a file", f"its {n}/ directory") for n in directories if isfile(workdir, n)]
+    if misplaced:
+        name, what, where = misplaced[0]
+        raise RunDirectoryError(
+            f"{os.path.join(workdir, name)} is {what}, where the run keeps {where}. Nothing was "
+            "changed. Move it away, or choose another hydra.run.dir"
+        )
+
+
 def check_rerun(cfg: Config, workdir: str) -> dict[str, tuple[Any, Any]]:
     """Raise RunDirectoryError if ``cfg`` must not run in ``workdir``; return allowed changes."""
     check_outside_stores(workdir)
+    check_layout(workdir)
     new = flat_config(cfg)
     steps = saved_steps(workdir)
     evaluated = os.path.exists(os.path.join(workdir, "eval.json"))

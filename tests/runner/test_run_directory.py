@@ -598,3 +598,21 @@ def test_evaluate_refuses_a_part_of_a_run_and_names_the_run(run_copy, part):
     line = one_line_error(result, f"part of the run in {run_copy}: evaluate that run")
     assert f"python -m metalearn.evaluate {run_copy}" in line
     assert snapshot(run_copy) == before
+
+
+@pytest.mark.parametrize(
+    "name, kind",
+    [("eval.json", "directory"), ("metrics.jsonl", "directory"), ("tensorboard", "file")]
+    + [("best", "file")],
+)
+def test_a_run_file_of_the_wrong_kind_is_refused_before_anything_is_written(run_copy, name, kind):
+    # A traceback where the run first wrote there (eval.json: after the whole evaluation,
+    # leaving eval.json.tmp); best/ as a file: the final evaluation silently used the final
+    # parameters instead of the best ones.
+    path = run_copy / name
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+    path.mkdir() if kind == "directory" else path.write_text("in the way\n")
+    before = snapshot(run_copy)
+    result = train(run_copy, "trainer.meta_steps=6", "trainer.allow_changes=[trainer.meta_steps]")
+    one_line_error(result, f"{path} is a {kind}, where the run keeps its {name}", "Move it away")
+    assert snapshot(run_copy) == before
