@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from metalearn.config import Config
 from metalearn.data.family_checks import check_family
 from metalearn.data.objective_checks import check_objective
+from metalearn.data.sources import one_line
 from metalearn.registry import selected_parts
 from metalearn.runner.checkpoints import DAMAGED, CheckpointStore
 from metalearn.runner.devices import InFlight, is_primary_host, replicated, task_mesh
@@ -430,13 +431,27 @@ def earlier_processes(workdir: str) -> list[dict]:
     """The times of the processes that finished this run before (from the ``summary.json``
     about to be replaced): a rerun of a finished run, or one resumed with a longer
     ``trainer.meta_steps``, keeps them instead of overwriting them. Empty when there is no
-    readable summary."""
+    readable summary; an unreadable one is kept as ``summary.json.unreadable``, with a warning
+    (it was replaced silently, and the times of the processes it listed were lost)."""
+    path = os.path.join(workdir, "summary.json")
     try:
-        with open(os.path.join(workdir, "summary.json")) as f:
-            previous = json.load(f)
-    except (OSError, ValueError):
+        with open(path, "rb") as f:
+            previous = json.loads(f.read())
+        problem = None if isinstance(previous, dict) else "not a JSON object"
+    except FileNotFoundError:
         return []
-    if not isinstance(previous, dict):
+    except (OSError, ValueError) as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        problem = one_line(err)
+    if problem is not None:
+        with contextlib.suppress(OSError):
+            os.replace(path, path + ".unreadable")
+            log.warning(
+                "%s could not be read (%s): kept as %s.unreadable; the new summary lists none "
+                "of the earlier processes it held",
+                path,
+                problem,
+                path,
+            )
         return []
     earlier = previous.get("earlier_processes")
     earlier = earlier if isinstance(earlier, list) else []

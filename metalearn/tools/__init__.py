@@ -173,6 +173,7 @@ RUN_RECORDS = (
     "metrics.jsonl",
     "metrics.jsonl.unreadable",
     "summary.json",
+    "summary.json.unreadable",
     "status.json",
     "train.log",
     "error.txt",

@@ -616,3 +616,14 @@ def test_a_run_file_of_the_wrong_kind_is_refused_before_anything_is_written(run_
     result = train(run_copy, "trainer.meta_steps=6", "trainer.allow_changes=[trainer.meta_steps]")
     one_line_error(result, f"{path} is a {kind}, where the run keeps its {name}", "Move it away")
     assert snapshot(run_copy) == before
+
+
+def test_an_unreadable_summary_is_kept_aside_when_a_rerun_writes_its_own(run_copy):
+    # It was replaced without a word, and with it the times of the processes it listed.
+    (run_copy / "summary.json").write_text('{"wall_seconds": 12.5, "earlier_proc')
+    result = train(run_copy)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "summary.json could not be read (JSONDecodeError" in result.stdout + result.stderr
+    kept = run_copy / "summary.json.unreadable"
+    assert kept.read_text() == '{"wall_seconds": 12.5, "earlier_proc'
+    assert json.loads((run_copy / "summary.json").read_text())["earlier_processes"] == []
