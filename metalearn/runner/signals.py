@@ -258,7 +258,8 @@ class StopRequest:
     def _stopping_already(self, signum: int) -> bool:
         """Whether ``signum`` only joins a stop under way: the requeue signal, or SIGTERM
         after it, arrive together at a pre-emption (SLURM sends both; and SIGTERM again when it
-        requeues the job). Another SIGTERM, or SIGINT, still ends the stop at once."""
+        requeues the job). SIGINT, or SIGTERM again without the requeue signal, still ends
+        the stop at once."""
         if self.signum is None and not self._raised:
             return False
         cluster_pair = {signal.SIGTERM, self._requeue_signal}
