@@ -236,7 +236,10 @@ def train_and_evaluate(cfg: Config, workdir: str) -> dict:
 
 
 def _train_until_done_or_stopped(cfg: Config, workdir: str, started: float) -> dict:
-    with StopRequest() as stop:
+    # With several processes, a stop before the first training call is deferred to its end
+    # too: one process stopping alone leaves the others in the next collective operation
+    # (the restore, the call), until the coordination service gives up on it.
+    with StopRequest() as stop, stop.deferred(when=jax.process_count() > 1):
         try:
             runner = Runner(cfg, workdir)
             try:
@@ -346,9 +349,12 @@ def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
             stopping = False  # agreed by every process, at the end of each call
             while step < t.meta_steps and not stopping:
                 n = chunk_length(step, cfg, runner.exp.steps_per_call)
-                # Compiling from the state last saved, a stop loses nothing: not deferred.
+                # Compiling from the state last saved, a stop loses nothing: not deferred. With
+                # several processes it is: one stopping alone leaves the others in the call's
+                # collectives; they all stop after it (StopRequest.agreed).
                 compiling = not runner.is_compiled(n) and step == saved_step
-                with stop.at_once("compilation", when=compiling):
+                alone = jax.process_count() == 1
+                with stop.at_once("compilation", when=compiling and alone):
                     state, metrics = runner.train_call(state, n)
                 in_flight.add(metrics)
                 step += n
@@ -383,10 +389,10 @@ def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
         if unchanged:
             log.warning(unchanged_warning(outer_step_settings(cfg.algorithm), start_step, step))
         del start_params
-        stop.phase = "the final validation"
-        best_score = _validate(runner, writer, state, best_score)
-        stop.phase = "the final test evaluation"
-        records = _final_evaluation(runner, state)
+        with stop.at_once("the final validation"):
+            best_score = _validate(runner, writer, state, best_score)
+        with stop.at_once("the final test evaluation"):
+            records = _final_evaluation(runner, state)
     finally:
         progress.close()
         writer.close()

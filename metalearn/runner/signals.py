@@ -172,13 +172,15 @@ class StopRequest:
         return self.signum is not None
 
     @contextlib.contextmanager
-    def deferred(self) -> Iterator[StopRequest]:
-        """Within this block a signal only sets ``requested``; the loop checks it."""
-        self._deferring = True
+    def deferred(self, when: bool = True) -> Iterator[StopRequest]:
+        """Within this block (when ``when``) a signal only sets ``requested``; the loop checks
+        it. Blocks nest: leaving one restores what the enclosing one set."""
+        deferring = self._deferring
+        self._deferring = self._deferring or when
         try:
             yield self
         finally:
-            self._deferring = False
+            self._deferring = deferring
 
     @contextlib.contextmanager
     def at_once(self, phase: str, when: bool = True) -> Iterator[StopRequest]:

@@ -14,6 +14,7 @@ import time
 
 import jax
 import numpy as np
+import pytest
 
 from tests.cli import checkout_env
 from tests.conftest import restore_latest_state
@@ -96,41 +97,60 @@ def test_two_processes_on_localhost_train_like_one(tmp_path):
     assert (tmp_path / "two" / "eval.json").exists()
 
 
-def test_a_signal_to_one_process_of_a_distributed_run_stops_every_process_at_one_step(tmp_path):
+# Long enough to signal one process while the pair trains: 1000 meta-steps, 5 per call.
+LONGER = ["trainer.meta_steps=1000", "trainer.steps_per_call=5", "trainer.log_every=50"]
+LONGER += ["trainer.checkpoint_every=1000", "trainer.eval_every=0"]
+
+
+def distributed_pair(run_dir) -> list[subprocess.Popen]:
+    """Two processes of one distributed run (localhost), training LONGER in ``run_dir``."""
+    address = f"127.0.0.1:{free_port()}"
+    distributed = ["distributed.enabled=true", f"distributed.coordinator_address={address}"]
+    distributed += ["distributed.num_processes=2"]
+    return [train(run_dir, *LONGER, *distributed, f"distributed.process_id={i}") for i in range(2)]
+
+
+@pytest.mark.parametrize("when", ["training", "compilation"])
+def test_a_signal_to_one_process_of_a_distributed_run_stops_every_process_at_one_step(
+    tmp_path, when
+):
     """One process stopped to save a checkpoint (a collective the other never joined): the
-    run hung until killed, with nothing saved. Now both stop after the same step, save it, and
-    the pair resumes from it."""
+    run hung until killed, with nothing saved. Signalled while it compiled its first call, it
+    ended at once, alone, and the other failed in the call's collectives. Now both stop after
+    the same step, save it, and the pair resumes from it."""
     run_dir = tmp_path / "run"
-    longer = ["trainer.meta_steps=1000", "trainer.steps_per_call=5", "trainer.log_every=50"]
-    longer += ["trainer.checkpoint_every=1000", "trainer.eval_every=0"]
-
-    def pair():
-        address = f"127.0.0.1:{free_port()}"
-        distributed = ["distributed.enabled=true", f"distributed.coordinator_address={address}"]
-        distributed += ["distributed.num_processes=2"]
-        return [
-            train(run_dir, *longer, *distributed, f"distributed.process_id={i}") for i in range(2)
-        ]
-
-    first = pair()
+    first = distributed_pair(run_dir)
     try:
-        deadline = time.time() + 180
-        while not logged_beyond(run_dir, 200):
-            assert time.time() < deadline and first[0].poll() is None
-            time.sleep(0.1)
+        if when == "training":
+            deadline = time.time() + 180
+            while not logged_beyond(run_dir, 200):
+                assert time.time() < deadline and first[0].poll() is None
+                time.sleep(0.1)
+            head = ""
+        else:  # as soon as the second process starts its training loop: it compiles
+            head = "".join(line for line in until(first[1], "training sinusoid_maml"))
         first[1].send_signal(signal.SIGTERM)  # the second process only
         outputs = [p.communicate(timeout=120)[0] for p in first]
     finally:  # hung, they would hold both cores for the rest of the tests
         for p in first:
             p.kill()
+    outputs[1] = head + outputs[1]
     assert [p.returncode for p in first] == [143, 143], outputs
     stops = [re.findall(r"stopped at step (\d+); checkpoint saved", out) for out in outputs]
     assert stops[0] == stops[1] and len(stops[0]) == 1, outputs
     assert "another process of the run received SIGTERM" in outputs[0]
     assert (run_dir / "checkpoints" / stops[0][0]).is_dir()
-    resumed = [finish(p) for p in pair()]
+    resumed = [finish(p) for p in distributed_pair(run_dir)]
     assert f"resumed from step {stops[0][0]} " in resumed[0]
     assert (run_dir / "eval.json").exists()
+
+
+def until(proc: subprocess.Popen, marker: str):
+    """The lines ``proc`` prints, up to and including the first that contains ``marker``."""
+    for line in proc.stdout:
+        yield line
+        if marker in line:
+            return
 
 
 def logged_beyond(run_dir, step: int) -> bool:
