@@ -347,13 +347,13 @@ def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
         stop.phase = "training"
         with stop.deferred():
             stopping = False  # agreed by every process, at the end of each call
+            alone = jax.process_count() == 1
             while step < t.meta_steps and not stopping:
                 n = chunk_length(step, cfg, runner.exp.steps_per_call)
                 # Compiling from the state last saved, a stop loses nothing: not deferred. With
                 # several processes it is: one stopping alone leaves the others in the call's
                 # collectives; they all stop after it (StopRequest.agreed).
                 compiling = not runner.is_compiled(n) and step == saved_step
-                alone = jax.process_count() == 1
                 with stop.at_once("compilation", when=compiling and alone):
                     state, metrics = runner.train_call(state, n)
                 in_flight.add(metrics)
@@ -369,7 +369,8 @@ def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
                     runner.save(state, best_score, pending)
                     saved_step = step
                 stopping = stop.agreed()
-            if stopping or stop.agreed():  # the signal may land after the last check
+            # Without a call (a finished run rerun), a stop asked before the loop is seen here.
+            if stopping or stop.agreed():
                 runner.save(state, best_score, pending)
                 log.warning(
                     "stopped at step %d; checkpoint saved in %s; %s",

@@ -337,14 +337,6 @@ def check_outside_stores(directory: str, key: str = "hydra.run.dir") -> None:
         )
 
 
-def isdir(directory: str, name: str) -> bool:
-    return os.path.isdir(os.path.join(directory, name))
-
-
-def isfile(directory: str, name: str) -> bool:
-    return os.path.isfile(os.path.join(directory, name))
-
-
 def check_layout(workdir: str) -> None:
     """RunDirectoryError if a file the run writes in ``workdir`` (``eval.json``,
     ``metrics.jsonl``, ...) is a directory there, or a directory it writes (``checkpoints/``,
@@ -352,14 +344,15 @@ def check_layout(workdir: str) -> None:
     wrote there (for ``eval.json``, after the whole evaluation)."""
     files = [name for name in RUN_RECORDS if "*" not in name]
     directories = [name for name in RUN_STORES if name != ".hydra"]  # Hydra's own, written first
-    misplaced = [(n, "a directory", f"its {n} file") for n in files if isdir(workdir, n)]
-    misplaced += [(n, "a file", f"its {n}/ directory") for n in directories if isfile(workdir, n)]
-    if misplaced:
-        name, what, where = misplaced[0]
-        raise RunDirectoryError(
-            f"{os.path.join(workdir, name)} is {what}, where the run keeps {where}. Nothing was "
-            "changed. Move it away, or choose another hydra.run.dir"
-        )
+    wrong_kinds = [(n, os.path.isdir, "a directory", f"its {n} file") for n in files]
+    wrong_kinds += [(n, os.path.isfile, "a file", f"its {n}/ directory") for n in directories]
+    for name, is_wrong_kind, what, where in wrong_kinds:
+        path = os.path.join(workdir, name)
+        if is_wrong_kind(path):
+            raise RunDirectoryError(
+                f"{path} is {what}, where the run keeps {where}. Nothing was changed. Move it "
+                "away, or choose another hydra.run.dir"
+            )
 
 
 def check_rerun(cfg: Config, workdir: str) -> dict[str, tuple[Any, Any]]:
