@@ -163,7 +163,7 @@ def test_a_batch_update_of_the_old_signature_is_one_line_naming_the_new_one(plug
     error_line(
         result,
         "algorithm=old_batch: its batch_update must take (meta_params, opt_state, tasks, keys, "
-        "optimizer, strategy)",
+        "optimizer, strategy, hyper)",
         "it takes (meta_params, opt_state, tasks, keys, optimizer)",
     )
 

@@ -13,9 +13,11 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from metalearn.algorithms.base import (
+    InnerLoopConfig,
     MetaLearner,
-    check_inner_loop_settings,
     evaluate_trajectory,
+    hyperparameter_values,
+    hyperparameters,
     inner_loss,
     split_top_level,
     value_and_grad_of_query,
@@ -27,22 +29,17 @@ from metalearn.registry import ALGORITHMS
 
 
 @dataclasses.dataclass
-class ANILConfig:
+class ANILConfig(InnerLoopConfig):
     # Read in training only (metalearn.evaluate refuses them as overrides).
     TRAINING_ONLY: ClassVar[Mapping[str, str]] = {
-        "inner_steps": "eval.steps are the evaluation's inner step counts",
+        **InnerLoopConfig.TRAINING_ONLY,
         "first_order": "",
         "remat": "",
     }
 
     name: str = "anil"
-    inner_lr: float = 0.01
-    inner_steps: int = 1
     first_order: bool = False
     remat: bool = False
-
-    def __post_init__(self) -> None:  # a bad value is refused when the config is made
-        check_inner_loop_settings(self.inner_lr, self.inner_steps)
 
 
 @ALGORITHMS.register("anil", ANILConfig)
@@ -74,6 +71,7 @@ def anil(objective: Objective, config: ANILConfig | None = None, **overrides) ->
     (['head', 'hidden_0', 'hidden_1'], (3,))
     """
     c = with_config(ANILConfig, config, overrides)
+    own = hyperparameters(c)
     head_names = tuple(objective.model.head)
     if not head_names:
         raise ValueError(
@@ -96,7 +94,7 @@ def anil(objective: Objective, config: ANILConfig | None = None, **overrides) ->
             head_loss(body, ctx),
             head,
             support,
-            inner_lr=c.inner_lr,
+            inner_lr=hyperparameter_values(ctx, own).inner_lr,
             num_steps=steps,
             first_order=c.first_order,
             remat=c.remat,
@@ -110,12 +108,13 @@ def anil(objective: Objective, config: ANILConfig | None = None, **overrides) ->
     def evaluate(params, task: Task, ctx, steps):
         head, body = split_top_level(params, head_names)
         loss_fn = head_loss(body, ctx, train=False)
+        inner_lr = hyperparameter_values(ctx, own).inner_lr
 
         def trajectory(support, n):
-            return adapt_trajectory(loss_fn, head, support, inner_lr=c.inner_lr, num_steps=n)
+            return adapt_trajectory(loss_fn, head, support, inner_lr=inner_lr, num_steps=n)
 
         return evaluate_trajectory(
             objective, trajectory, task, ctx, steps, to_model_params=lambda h: {**params, **h}
         )
 
-    return MetaLearner(init, task_grad, evaluate, adapt_params)
+    return MetaLearner(init, task_grad, evaluate, adapt_params, hyper=own)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+import types
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,13 +26,16 @@ class TaskContext(NamedTuple):
     ``step``: meta-steps done and ``meta_steps``: meta-steps in the whole run (int32 scalars;
     schedules such as MAML++'s annealing read them); ``model_state``: the model's mutable
     collections (``{}`` for a stateless model); ``key``: this task's PRNG key (model randomness,
-    rollouts), or None.
+    rollouts), or None; ``hyper``: the learner's hyperparameters as the runner passes them
+    (``MetaLearner.hyper``'s names, traced arguments of the compiled step), or None, where the
+    learner uses the values it was built with (:func:`hyperparameter_values`).
     """
 
     step: jax.Array
     meta_steps: jax.Array
     model_state: PyTree
     key: jax.Array | None
+    hyper: Mapping[str, jax.Array] | None = None
 
     def progress(self) -> jax.Array:
         """The fraction of training done, ``step / meta_steps`` (float32)."""
@@ -38,7 +43,7 @@ class TaskContext(NamedTuple):
 
 
 def context(
-    model_state: PyTree = None, key: jax.Array | None = None, step=0, meta_steps=1
+    model_state: PyTree = None, key: jax.Array | None = None, step=0, meta_steps=1, hyper=None
 ) -> TaskContext:
     """A :class:`TaskContext`, e.g. ``context(model_state)`` to adapt outside training.
 
@@ -47,7 +52,54 @@ def context(
     """
     state = {} if model_state is None else model_state
     as_int = lambda n: jnp.asarray(n, jnp.int32)  # noqa: E731
-    return TaskContext(as_int(step), as_int(meta_steps), state, key)
+    return TaskContext(as_int(step), as_int(meta_steps), state, key, hyper)
+
+
+# --- hyperparameters as data ------------------------------------------------------------------
+# A setting declared with ``hyperparameter(default)`` in an algorithm's config is data, not a
+# constant of the compiled step: the factory returns the values it was built with as
+# ``MetaLearner.hyper``, the runner passes them back (traced) in ``TaskContext.hyper`` and to
+# ``batch_update``, and the learner reads them with :func:`hyperparameter_values`. So runs that
+# differ only in them share one compiled program, the factory is called once, outside ``jit``,
+# and a rate may be called anything (as optax's ``inject_hyperparams`` keeps a rate in state).
+
+_HYPERPARAMETER = "metalearn_hyperparameter"
+
+
+def hyperparameter(default: float) -> Any:
+    """A config field (``inner_lr: float = hyperparameter(0.01)``) the compiled step takes as
+    data: runs differing only in it share one compilation.
+
+    >>> @dataclasses.dataclass
+    ... class Demo:
+    ...     step_size: float = hyperparameter(0.1)
+    ...     inner_steps: int = 1
+    >>> hyperparameters(Demo(step_size=0.2))
+    {'step_size': 0.2}
+    """
+    return dataclasses.field(default=default, metadata={_HYPERPARAMETER: True})
+
+
+def hyperparameters(config: Any) -> dict[str, float]:
+    """The values of ``config``'s fields declared with :func:`hyperparameter`, by name."""
+    return {
+        f.name: getattr(config, f.name)
+        for f in dataclasses.fields(config)
+        if f.metadata.get(_HYPERPARAMETER)
+    }
+
+
+def hyperparameter_values(ctx: TaskContext | None, own: Mapping[str, Any]) -> Any:
+    """The hyperparameters a learner's function uses (``.inner_lr``, ...): those the runner
+    passes in ``ctx.hyper``, else ``own``, the values the learner was built with.
+
+    >>> hyperparameter_values(context(), {"inner_lr": 0.1}).inner_lr
+    0.1
+    >>> hyperparameter_values(context(hyper={"inner_lr": 0.5}), {"inner_lr": 0.1}).inner_lr
+    0.5
+    """
+    passed = None if ctx is None else ctx.hyper
+    return types.SimpleNamespace(**{**own, **(passed or {})})
 
 
 class MetaLearner(NamedTuple):
@@ -69,7 +121,10 @@ class MetaLearner(NamedTuple):
       opt_state, metrics)`` with ``tasks`` stacked on a leading axis, one key per task, and
       ``strategy`` how to batch them (:func:`~metalearn.core.batching.map_over_tasks`). The
       runner's ``meta_train_step`` calls it instead of averaging ``task_grad`` and applying
-      ``optimizer``.
+      ``optimizer``; ``hyper`` are the learner's hyperparameters as the runner passes them
+      (as in ``TaskContext.hyper``).
+    - ``hyper``: the hyperparameters the functions were built with, by name (the values of the
+      config's :func:`hyperparameter` fields): the runner passes them back as data.
     """
 
     init: Callable[[jax.Array, PyTree], PyTree]
@@ -77,9 +132,18 @@ class MetaLearner(NamedTuple):
     evaluate: Callable[[PyTree, Task, TaskContext, tuple[int, ...]], Metrics]
     adapt: Callable[..., PyTree]
     batch_update: Callable[..., tuple[PyTree, PyTree, Metrics]] | None = None
+    hyper: Mapping[str, float] = types.MappingProxyType({})
 
 
-BATCH_UPDATE_ARGS = ("meta_params", "opt_state", "tasks", "keys", "optimizer", "strategy")
+BATCH_UPDATE_ARGS = (
+    "meta_params",
+    "opt_state",
+    "tasks",
+    "keys",
+    "optimizer",
+    "strategy",
+    "hyper",
+)
 
 
 def check_batch_update(learner: MetaLearner, algorithm: str) -> None:
@@ -87,11 +151,11 @@ def check_batch_update(learner: MetaLearner, algorithm: str) -> None:
     arguments the runner passes (:data:`BATCH_UPDATE_ARGS`), e.g. one written before
     ``strategy`` was added.
 
-    >>> learner = MetaLearner(None, None, None, None, lambda p, s, t, k, o: (p, s, {}))
+    >>> learner = MetaLearner(None, None, None, None, lambda p, s, t, k, o, b: (p, s, {}))
     >>> check_batch_update(learner, "mine")
     Traceback (most recent call last):
     ...
-    ValueError: algorithm=mine: its batch_update must take (..., strategy); ... (p, s, t, k, o)
+    ValueError: algorithm=mine: its batch_update must take (..., hyper); ... (p, s, t, k, o, b)
     """
     if learner.batch_update is None:
         return
@@ -105,7 +169,8 @@ def check_batch_update(learner: MetaLearner, algorithm: str) -> None:
         raise ValueError(
             f"algorithm={algorithm}: its batch_update must take ({', '.join(BATCH_UPDATE_ARGS)}); "
             "strategy says how to batch the tasks ('vmap', 'map' or 'map<k>': "
-            f"metalearn.core.batching.map_over_tasks); it takes {signature}"
+            "metalearn.core.batching.map_over_tasks), hyper holds the learner's hyperparameters "
+            f"(MetaLearner.hyper) as the runner passes them; it takes {signature}"
         ) from None
 
 
@@ -153,26 +218,16 @@ def value_and_grad_of_query(objective: Objective, adapt_fn, task: Task, ctx: Tas
 
 
 # --- config checks: each raises ValueError naming the key, as ``algorithm.<key>`` -------------
-# A traced value (a rate the runner passes into compiled code as an argument, so that runs
-# differing only in it share the compilation) is skipped: it was checked when it was a number.
-
-
-def _traced(value) -> bool:
-    return isinstance(value, jax.core.Tracer)
 
 
 def check_positive(key: str, value: float) -> None:
     """``value > 0``."""
-    if _traced(value):
-        return
     if isinstance(value, bool) or not value > 0:
         raise ValueError(f"algorithm.{key} must be > 0, got {value!r}")
 
 
 def check_nonnegative(key: str, value: float) -> None:
     """``value >= 0``."""
-    if _traced(value):
-        return
     if isinstance(value, bool) or not value >= 0:
         raise ValueError(f"algorithm.{key} must be >= 0, got {value!r}")
 
@@ -194,10 +249,24 @@ def check_choice(key: str, value: str, choices: Sequence[str]) -> None:
         raise ValueError(f"algorithm.{key} must be one of {list(choices)}, got {value!r}")
 
 
-def check_inner_loop_settings(inner_lr: float, inner_steps: int) -> None:
-    """``inner_lr > 0`` and an integer ``inner_steps >= 1``."""
-    check_positive("inner_lr", inner_lr)
-    check_count("inner_steps", inner_steps)
+@dataclasses.dataclass
+class InnerLoopConfig:
+    """The inner loop the MAML family shares: ``inner_steps`` steps at rate ``inner_lr`` (a
+    :func:`hyperparameter`). An algorithm's config subclasses it, with its ``name``, its own
+    fields and, where they differ, its own defaults; its ``__post_init__`` calls this one."""
+
+    # Read in training only (metalearn.evaluate refuses them as overrides).
+    TRAINING_ONLY: ClassVar[Mapping[str, str]] = {
+        "inner_steps": "eval.steps are the evaluation's inner step counts",
+    }
+
+    name: str = "inner_loop"
+    inner_lr: float = hyperparameter(0.01)
+    inner_steps: int = 1
+
+    def __post_init__(self) -> None:  # a bad value is refused when the config is made
+        check_positive("inner_lr", self.inner_lr)
+        check_count("inner_steps", self.inner_steps)
 
 
 # --- parameter paths -----------------------------------------------------------------------

@@ -35,13 +35,15 @@ import jax.numpy as jnp
 import optax
 
 from metalearn.algorithms.base import (
+    InnerLoopConfig,
     MetaLearner,
     check_choice,
     check_count,
-    check_inner_loop_settings,
     check_nonnegative,
     check_positive,
     evaluate_trajectory,
+    hyperparameter_values,
+    hyperparameters,
     inner_loss,
     query_loss,
     with_config,
@@ -76,17 +78,16 @@ def gauss_newton_vp(predict, output_loss, params, batch, v):
 
 
 @dataclasses.dataclass
-class IMAMLConfig:
+class IMAMLConfig(InnerLoopConfig):
     # Read in training only (metalearn.evaluate refuses them as overrides).
     TRAINING_ONLY: ClassVar[Mapping[str, str]] = {
-        "inner_steps": "eval.steps are the evaluation's inner step counts",
+        **InnerLoopConfig.TRAINING_ONLY,
         "cg_iters": "",
         "cg_tol": "",
         "curvature": "",
     }
 
     name: str = "imaml"
-    inner_lr: float = 0.01
     inner_steps: int = 20
     lam: float = 20.0
     cg_iters: int = 5
@@ -95,7 +96,7 @@ class IMAMLConfig:
     curvature: str = "gauss_newton"
 
     def __post_init__(self) -> None:  # a bad value is refused when the config is made
-        check_inner_loop_settings(self.inner_lr, self.inner_steps)
+        super().__post_init__()
         check_positive("lam", self.lam)
         check_count("cg_iters", self.cg_iters)
         check_nonnegative("cg_tol", self.cg_tol)
@@ -147,8 +148,13 @@ def imaml(objective: Objective, config: IMAMLConfig | None = None, **overrides) 
             "algorithm.curvature=gauss_newton needs a loss of the form output_loss(predict(...))"
             " (Objective.gauss_newton); this task family has none: use curvature=hessian"
         )
-    solver = {"optimizer": optax.adam(c.inner_lr)} if c.inner_optimizer == "adam" else {}
-    solver = solver or {"inner_lr": c.inner_lr}
+    own = hyperparameters(c)
+
+    def solver(ctx):
+        inner_lr = hyperparameter_values(ctx, own).inner_lr
+        if c.inner_optimizer == "adam":
+            return {"optimizer": optax.adam(inner_lr)}
+        return {"inner_lr": inner_lr}
 
     def proximal_loss(theta, ctx, train=True):
         anchor = jax.lax.stop_gradient(theta)
@@ -161,7 +167,9 @@ def imaml(objective: Objective, config: IMAMLConfig | None = None, **overrides) 
 
     def adapt_params(theta, support, ctx, steps=c.inner_steps):
         theta = jax.lax.stop_gradient(theta)
-        phi = adapt(proximal_loss(theta, ctx), theta, support, num_steps=steps, unroll=1, **solver)
+        phi = adapt(
+            proximal_loss(theta, ctx), theta, support, num_steps=steps, unroll=1, **solver(ctx)
+        )
         return jax.lax.stop_gradient(phi)
 
     def task_grad(theta, task: Task, ctx):
@@ -195,10 +203,11 @@ def imaml(objective: Objective, config: IMAMLConfig | None = None, **overrides) 
 
     def evaluate(theta, task: Task, ctx, steps):
         loss_fn = proximal_loss(theta, ctx, train=False)
+        kwargs = solver(ctx)
 
         def trajectory(support, n):
-            return adapt_trajectory(loss_fn, theta, support, num_steps=n, unroll=1, **solver)
+            return adapt_trajectory(loss_fn, theta, support, num_steps=n, unroll=1, **kwargs)
 
         return evaluate_trajectory(objective, trajectory, task, ctx, steps)
 
-    return MetaLearner(init, task_grad, evaluate, adapt_params)
+    return MetaLearner(init, task_grad, evaluate, adapt_params, hyper=own)

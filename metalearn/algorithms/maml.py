@@ -7,11 +7,13 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from metalearn.algorithms.base import (
+    InnerLoopConfig,
     MetaLearner,
     check_count,
-    check_inner_loop_settings,
     declared_norm_paths,
     evaluate_trajectory,
+    hyperparameter_values,
+    hyperparameters,
     inner_loss,
     inner_rates,
     sgd_trajectory_fn,
@@ -24,24 +26,22 @@ from metalearn.registry import ALGORITHMS
 
 
 @dataclasses.dataclass
-class MAMLConfig:
+class MAMLConfig(InnerLoopConfig):
     # Read in training only (metalearn.evaluate refuses them as overrides).
     TRAINING_ONLY: ClassVar[Mapping[str, str]] = {
-        "inner_steps": "eval.steps are the evaluation's inner step counts",
+        **InnerLoopConfig.TRAINING_ONLY,
         "first_order": "",
         "remat": "",
     }
 
     name: str = "maml"
-    inner_lr: float = 0.01
-    inner_steps: int = 1
     first_order: bool = False
     remat: bool = False  # rematerialise each inner step in the backward pass (jax.checkpoint)
     unroll: int | None = None  # None: core.adapt's default; k: a lax.scan, k steps per iteration
     adapt_norm: bool = True  # False: normalisation parameters are meta-learned, not adapted
 
     def __post_init__(self) -> None:  # a bad value is refused when the config is made
-        check_inner_loop_settings(self.inner_lr, self.inner_steps)
+        super().__post_init__()
         if self.unroll is not None:
             check_count("unroll", self.unroll)
 
@@ -86,9 +86,11 @@ def maml(objective: Objective, config: MAMLConfig | None = None, **overrides) ->
     """
     c = with_config(MAMLConfig, config, overrides)
     norm_paths = declared_norm_paths(objective)
+    own = hyperparameters(c)
 
-    def rates(params):
-        return inner_rates(params, c.inner_lr, norm_paths, adapt_norm=c.adapt_norm)
+    def rates(params, ctx):
+        inner_lr = hyperparameter_values(ctx, own).inner_lr
+        return inner_rates(params, inner_lr, norm_paths, adapt_norm=c.adapt_norm)
 
     def init(key, model_params):
         del key
@@ -99,7 +101,7 @@ def maml(objective: Objective, config: MAMLConfig | None = None, **overrides) ->
             inner_loss(objective, ctx),
             params,
             support,
-            inner_lr=rates(params),
+            inner_lr=rates(params, ctx),
             num_steps=steps,
             first_order=c.first_order,
             remat=c.remat,
@@ -111,10 +113,10 @@ def maml(objective: Objective, config: MAMLConfig | None = None, **overrides) ->
         return value_and_grad_of_query(objective, adapted, task, ctx)(params)
 
     def evaluate(params, task: Task, ctx, steps):
-        trajectory = sgd_trajectory_fn(objective, params, rates(params), ctx)
+        trajectory = sgd_trajectory_fn(objective, params, rates(params, ctx), ctx)
         return evaluate_trajectory(objective, trajectory, task, ctx, steps)
 
-    return MetaLearner(init, task_grad, evaluate, adapt_params)
+    return MetaLearner(init, task_grad, evaluate, adapt_params, hyper=own)
 
 
 @ALGORITHMS.register("fomaml", FOMAMLConfig)

@@ -42,10 +42,12 @@ import jax
 import jax.numpy as jnp
 
 from metalearn.algorithms.base import (
+    InnerLoopConfig,
     MetaLearner,
     check_fraction,
-    check_inner_loop_settings,
     declared_norm_paths,
+    hyperparameter_values,
+    hyperparameters,
     inner_loss,
     named_leaves,
     path_name,
@@ -59,15 +61,15 @@ from metalearn.registry import ALGORITHMS
 
 
 @dataclasses.dataclass
-class MAMLPPConfig:
-    # Read in training only (metalearn.evaluate refuses them as overrides).
+class MAMLPPConfig(InnerLoopConfig):
+    # Read in training only (metalearn.evaluate refuses them as overrides). Its inner_steps
+    # shape the per-step parameters, which the evaluation reads.
     TRAINING_ONLY: ClassVar[Mapping[str, str]] = {
         "msl_fraction": "",
         "first_order_fraction": "",
     }
 
     name: str = "mamlpp"
-    inner_lr: float = 0.01
     inner_steps: int = 5
     learn_inner_lr: bool = True
     msl_fraction: float = 0.1
@@ -75,7 +77,7 @@ class MAMLPPConfig:
     per_step_norm: bool = True
 
     def __post_init__(self) -> None:  # a bad value is refused when the config is made
-        check_inner_loop_settings(self.inner_lr, self.inner_steps)
+        super().__post_init__()
         check_fraction("msl_fraction", self.msl_fraction)
         check_fraction("first_order_fraction", self.first_order_fraction)
 
@@ -139,6 +141,7 @@ def mamlpp(objective: Objective, config: MAMLPPConfig | None = None, **overrides
     (4,)
     """
     c = with_config(MAMLPPConfig, config, overrides)
+    own = hyperparameters(c)
     num_steps = c.inner_steps
     declared_norms = declared_norm_paths(objective)
 
@@ -176,17 +179,18 @@ def mamlpp(objective: Objective, config: MAMLPPConfig | None = None, **overrides
             fast,
         )
 
-    def rates_at(meta_params, k: int):
+    def rates_at(meta_params, k: int, ctx):
         """The inner rate tree for step ``k`` (0 for per-step normalisation parameters)."""
         k = min(k, num_steps - 1)
         norms = set(meta_params.get("norm", {}))
         learned = meta_params.get("inner_lr_scale")
+        inner_lr = hyperparameter_values(ctx, own).inner_lr
 
         def rate(path, leaf):
             name = path_name(path)
             if name in norms:
                 return jnp.zeros((), jnp.asarray(leaf).dtype)
-            return c.inner_lr * learned[name][k] if learned is not None else c.inner_lr
+            return inner_lr * learned[name][k] if learned is not None else inner_lr
 
         return jax.tree_util.tree_map_with_path(rate, meta_params["params"])
 
@@ -197,9 +201,8 @@ def mamlpp(objective: Objective, config: MAMLPPConfig | None = None, **overrides
         trajectory = [with_norm(meta_params, fast, 0)]
         for k in range(steps):
             loss_k = lambda p, b, k=k: loss_fn(with_norm(meta_params, p, k), b)  # noqa: E731
-            fast = adapt(
-                loss_k, fast, support, inner_lr=rates_at(meta_params, k), first_order=first_order
-            )
+            rates = rates_at(meta_params, k, ctx)
+            fast = adapt(loss_k, fast, support, inner_lr=rates, first_order=first_order)
             trajectory.append(with_norm(meta_params, fast, k + 1))
         return trajectory
 
@@ -239,4 +242,4 @@ def mamlpp(objective: Objective, config: MAMLPPConfig | None = None, **overrides
     def adapt_params(meta_params, support, ctx, steps=num_steps):
         return trajectory_of(meta_params, support, ctx, steps, first_order=False)[-1]
 
-    return MetaLearner(init, task_grad, evaluate, adapt_params)
+    return MetaLearner(init, task_grad, evaluate, adapt_params, hyper=own)

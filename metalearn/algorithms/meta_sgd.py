@@ -16,10 +16,11 @@ import jax
 import jax.numpy as jnp
 
 from metalearn.algorithms.base import (
+    InnerLoopConfig,
     MetaLearner,
-    check_inner_loop_settings,
     declared_norm_paths,
     evaluate_trajectory,
+    hyperparameters,
     inner_loss,
     inner_rates,
     sgd_trajectory_fn,
@@ -32,22 +33,17 @@ from metalearn.registry import ALGORITHMS
 
 
 @dataclasses.dataclass
-class MetaSGDConfig:
+class MetaSGDConfig(InnerLoopConfig):
     # Read in training only (metalearn.evaluate refuses them as overrides).
     TRAINING_ONLY: ClassVar[Mapping[str, str]] = {
+        **InnerLoopConfig.TRAINING_ONLY,
         "inner_lr": "it initialises the learned rates; the evaluation adapts with the checkpoint's",
-        "inner_steps": "eval.steps are the evaluation's inner step counts",
         "first_order": "",
     }
 
     name: str = "meta_sgd"
-    inner_lr: float = 0.01
-    inner_steps: int = 1
     first_order: bool = False
     adapt_norm: bool = True  # False: normalisation parameters are meta-learned, not adapted
-
-    def __post_init__(self) -> None:  # a bad value is refused when the config is made
-        check_inner_loop_settings(self.inner_lr, self.inner_steps)
 
 
 @ALGORITHMS.register("meta_sgd", MetaSGDConfig)
@@ -77,7 +73,7 @@ def meta_sgd(objective: Objective, config: MetaSGDConfig | None = None, **overri
     >>> grads["inner_lr"]["head"]["kernel"].shape, sorted(aux.metrics)
     ((40, 1), ['mse'])
     """
-    c = with_config(MetaSGDConfig, config, overrides)
+    c = with_config(MetaSGDConfig, config, overrides)  # inner_lr: the learned rates' start
 
     def init(key, model_params):
         del key
@@ -109,4 +105,4 @@ def meta_sgd(objective: Objective, config: MetaSGDConfig | None = None, **overri
         trajectory = sgd_trajectory_fn(objective, meta_params["params"], rates(meta_params), ctx)
         return evaluate_trajectory(objective, trajectory, task, ctx, steps)
 
-    return MetaLearner(init, task_grad, evaluate, adapt_params)
+    return MetaLearner(init, task_grad, evaluate, adapt_params, hyper=hyperparameters(c))

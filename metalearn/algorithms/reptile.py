@@ -17,18 +17,18 @@ with the same inner optimiser, like MAML; no transduction.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import ClassVar
 
 import jax
 import optax
 
 from metalearn.algorithms.base import (
+    InnerLoopConfig,
     MetaLearner,
     check_choice,
     check_fraction,
-    check_inner_loop_settings,
     evaluate_trajectory,
+    hyperparameter_values,
+    hyperparameters,
     inner_loss,
     query_loss,
     with_config,
@@ -41,20 +41,14 @@ INNER_OPTIMIZERS = ("sgd", "adam")
 
 
 @dataclasses.dataclass
-class ReptileConfig:
-    # Read in training only (metalearn.evaluate refuses them as overrides).
-    TRAINING_ONLY: ClassVar[Mapping[str, str]] = {
-        "inner_steps": "eval.steps are the evaluation's inner step counts",
-    }
-
+class ReptileConfig(InnerLoopConfig):
     name: str = "reptile"
-    inner_lr: float = 0.01
     inner_steps: int = 5
     inner_optimizer: str = "sgd"
     adam_b1: float = 0.0
 
     def __post_init__(self) -> None:  # a bad value is refused when the config is made
-        check_inner_loop_settings(self.inner_lr, self.inner_steps)
+        super().__post_init__()
         check_choice("inner_optimizer", self.inner_optimizer, INNER_OPTIMIZERS)
         check_fraction("adam_b1", self.adam_b1)
         if self.adam_b1 == 1:
@@ -96,11 +90,13 @@ def reptile(objective: Objective, config: ReptileConfig | None = None, **overrid
     True
     """
     c = with_config(ReptileConfig, config, overrides)
+    own = hyperparameters(c)
 
-    def inner_kwargs():
+    def inner_kwargs(ctx):
+        inner_lr = hyperparameter_values(ctx, own).inner_lr
         if c.inner_optimizer == "adam":
-            return {"optimizer": optax.adam(c.inner_lr, b1=c.adam_b1)}
-        return {"inner_lr": c.inner_lr}
+            return {"optimizer": optax.adam(inner_lr, b1=c.adam_b1)}
+        return {"inner_lr": inner_lr}
 
     def init(key, model_params):
         del key
@@ -109,7 +105,7 @@ def reptile(objective: Objective, config: ReptileConfig | None = None, **overrid
     def adapt_params(params, support, ctx, steps=c.inner_steps, train=True):
         params = jax.lax.stop_gradient(params)
         loss_fn = inner_loss(objective, ctx, train)
-        return adapt(loss_fn, params, support, num_steps=steps, **inner_kwargs())
+        return adapt(loss_fn, params, support, num_steps=steps, **inner_kwargs(ctx))
 
     def task_grad(params, task: Task, ctx):
         adapted = adapt_params(params, task.support, ctx)
@@ -118,10 +114,11 @@ def reptile(objective: Objective, config: ReptileConfig | None = None, **overrid
 
     def evaluate(params, task: Task, ctx, steps):
         loss_fn = inner_loss(objective, ctx, train=False)
+        solver = inner_kwargs(ctx)
 
         def trajectory(support, n):
-            return adapt_trajectory(loss_fn, params, support, num_steps=n, **inner_kwargs())
+            return adapt_trajectory(loss_fn, params, support, num_steps=n, **solver)
 
         return evaluate_trajectory(objective, trajectory, task, ctx, steps)
 
-    return MetaLearner(init, task_grad, evaluate, adapt_params)
+    return MetaLearner(init, task_grad, evaluate, adapt_params, hyper=own)

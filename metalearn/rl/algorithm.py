@@ -27,6 +27,10 @@ from metalearn.algorithms.base import (
     check_count,
     check_nonnegative,
     check_positive,
+    context,
+    hyperparameter,
+    hyperparameter_values,
+    hyperparameters,
     with_config,
 )
 from metalearn.data.task import Aux, Objective, Task
@@ -80,7 +84,7 @@ class MAMLRLAlgorithmConfig:
     estimator: str = MAMLRLConfig.estimator  # dice | lvc | maml (metalearn/rl/estimators.py)
     outer: str = MAMLRLConfig.outer  # trpo | ppo
     inner_steps: int = InnerConfig.num_steps  # 0: the pretrained baseline
-    inner_lr: float = InnerConfig.lrs[0]
+    inner_lr: float = hyperparameter(InnerConfig.lrs[0])
     post_rollouts: int = MAMLRLConfig.num_post_rollouts
     max_kl: float = TRPOConfig.max_kl
     cg_iters: int = TRPOConfig.cg_iters
@@ -144,12 +148,8 @@ UNUSED_WITHOUT_INNER_STEPS = ("inner_lr", "estimator")
 
 
 def warn_unused_without_inner_steps(c: MAMLRLAlgorithmConfig) -> None:
-    """Log a warning if ``inner_steps=0`` and a setting only the inner step reads is changed.
-
-    Not for a traced (or array) ``inner_lr``: the runner rebuilds the learner with its rate as
-    an argument of the compiled step, and the config it was built from has warned already.
-    """
-    if c.inner_steps != 0 or isinstance(c.inner_lr, jax.Array):
+    """Log a warning if ``inner_steps=0`` and a setting only the inner step reads is changed."""
+    if c.inner_steps != 0:
         return
     changed = [k for k in UNUSED_WITHOUT_INNER_STEPS if getattr(c, k) != _default(k)]
     if changed:
@@ -164,14 +164,15 @@ def warn_unused_without_inner_steps(c: MAMLRLAlgorithmConfig) -> None:
         )
 
 
-def meta_rl_config(c: MAMLRLAlgorithmConfig, inner: InnerConfig) -> MAMLRLConfig:
+def meta_rl_config(
+    c: MAMLRLAlgorithmConfig, inner: InnerConfig, inner_lr: float | jax.Array | None = None
+) -> MAMLRLConfig:
     """The :class:`MAMLRLConfig` of these settings, on the family's ``inner`` (rollouts,
-    discount)."""
+    discount), at ``inner_lr`` (default ``c.inner_lr``; a traced rate as the runner passes it)."""
+    inner_lr = c.inner_lr if inner_lr is None else inner_lr
     return MAMLRLConfig(
         num_post_rollouts=c.post_rollouts,
-        inner=dataclasses.replace(
-            inner, num_steps=c.inner_steps, lrs=(c.inner_lr,) * c.inner_steps
-        ),
+        inner=dataclasses.replace(inner, num_steps=c.inner_steps, lrs=(inner_lr,) * c.inner_steps),
         estimator=c.estimator,
         outer=c.outer,
         trpo=TRPOConfig(
@@ -235,13 +236,17 @@ def maml_rl(
         )
     warn_unused_without_inner_steps(c)
     env, policy_apply = objective.env, objective.policy_apply
-    cfg = meta_rl_config(c, objective.inner)
+    own = hyperparameters(c)
+
+    def configured(ctx: TaskContext) -> MAMLRLConfig:
+        return meta_rl_config(c, objective.inner, hyperparameter_values(ctx, own).inner_lr)
 
     def init(key, model_params):
         del key
         return model_params
 
     def task_grad(meta_params, task: Task, ctx: TaskContext):
+        cfg = configured(ctx)
         batch = collect_task_batch(
             env, policy_apply, meta_params, ctx.key, task.support, cfg.inner, cfg.num_post_rollouts
         )
@@ -249,7 +254,8 @@ def maml_rl(
         grads = jax.grad(lambda p: -surrogate(p))(meta_params)
         return grads, Aux(ctx.model_state, {"post_return": jnp.mean(episode_returns(batch.post))})
 
-    def batch_update(meta_params, opt_state, tasks: Task, keys, optimizer, strategy):
+    def batch_update(meta_params, opt_state, tasks: Task, keys, optimizer, strategy, hyper):
+        cfg = configured(context(hyper=hyper))
         step_cfg = dataclasses.replace(cfg, task_batching=strategy)
         batch = collect_meta_batch(env, policy_apply, step_cfg, meta_params, keys, tasks.support)
         return outer_update(policy_apply, step_cfg, meta_params, opt_state, optimizer, batch)
@@ -265,4 +271,4 @@ def maml_rl(
         inner = evaluation_inner(c, objective.inner, num)
         return sample_adaptation(env, policy_apply, meta_params, ctx.key, support, inner)[2]
 
-    return MetaLearner(init, task_grad, evaluate, adapt, batch_update)
+    return MetaLearner(init, task_grad, evaluate, adapt, batch_update, hyper=own)

@@ -72,7 +72,7 @@ def divergence_advice(cfg: Any, exp: Any, train_arrays: Any, mesh: Any, good: Tr
     unknown = f"lower {rates}, or set optimizer.grad_clip_norm"
     steps = int(getattr(cfg.algorithm, "inner_steps", 1))
     probe = make_eval_step(
-        exp.learner_for,
+        exp.learner,
         exp.tasks,
         steps=(0, steps) if inner_lr is not None else (0,),  # before adaptation only, for none
         strategy=exp.task_batching,
@@ -81,7 +81,7 @@ def divergence_advice(cfg: Any, exp: Any, train_arrays: Any, mesh: Any, good: Tr
     keys = evaluation_keys(cfg.eval.seed, "train", shots, PROBE_TASKS)
     try:
         hyper = replicated(exp.hyper, mesh)
-        metrics = jax.device_get(probe(good, train_arrays, keys, shots, hyper))
+        metrics = jax.device_get(probe(good, train_arrays, keys, shots, hyper.learner))
     except Exception:  # a diagnosis must never hide the error it explains
         return unknown
     name = next((n for n in ("loss", "mse") if n in metrics), None)

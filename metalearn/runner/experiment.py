@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -32,15 +31,14 @@ TRAIN_STREAM, INIT_STREAM, MODEL_STREAM = 0, 1, 2
 
 class Hyper(NamedTuple):
     """The values of a run that its compiled steps take as arguments rather than constants,
-    so that runs differing only in them (the seed, ``algorithm.inner_lr``, ``optimizer.lr``: a
-    sweep's usual axes) share one compiled program (and JAX's persistent compilation cache).
-
-    ``inner_lr`` is None for an algorithm without one (Prototypical Networks).
+    so that runs differing only in them (the seed, the algorithm's hyperparameters such as
+    ``algorithm.inner_lr``, ``optimizer.lr``: a sweep's usual axes) share one compiled program
+    (and JAX's persistent compilation cache).
     """
 
     train_key: jax.Array  # tasks of step s: fold_in(train_key, s)
     model_key: jax.Array  # model randomness of step s: fold_in(model_key, s)
-    inner_lr: jax.Array | None  # float32 scalar
+    learner: dict[str, jax.Array]  # MetaLearner.hyper, as float32 scalars
     lr: jax.Array  # float32 scalar: the outer learning rate (the peak of a schedule)
 
 
@@ -56,8 +54,6 @@ class Experiment(NamedTuple):
     train_key: jax.Array  # tasks of step s: fold_in(train_key, s)
     model_key: jax.Array  # model randomness of step s: fold_in(model_key, s)
     hyper: Hyper  # the keys and rates above, as the compiled steps take them
-    learner_for: Callable[[Hyper], MetaLearner]  # the learner at hyper.inner_lr
-    optimizer_for: Callable[[Hyper], optax.GradientTransformation]  # ... at hyper.lr
 
     def meta_train_step(self, meta_steps: int, mesh=None):
         """This experiment's ``meta_train_step(state, tasks) -> (state, metrics)``."""
@@ -77,12 +73,14 @@ class Experiment(NamedTuple):
 
         def meta_step(state: TrainState, train_arrays: Any, hyper: Hyper):
             train_step = make_meta_train_step(
-                self.learner_for(hyper),
-                self.optimizer_for(hyper),
+                self.learner,
+                self.optimizer,
                 meta_steps=meta_steps,
                 strategy=self.task_batching,
                 key=hyper.model_key,
                 mesh=mesh,
+                hyper=hyper.learner,
+                learning_rate=hyper.lr,
             )
             step = make_meta_step(
                 train_step,
@@ -105,7 +103,8 @@ def learning_rate(
     ``constant`` (with an optional linear warm-up) or ``cosine`` (warm-up, then a cosine decay
     to ``lr * final_lr_fraction`` at ``meta_steps``). An algorithm may recommend a schedule in
     its config group (``conf/algorithm/mamlpp.yaml``); the experiment's ``optimizer`` decides.
-    ``lr`` (default ``cfg.lr``) may be a traced value (an argument of the compiled step).
+    ``lr`` (default ``cfg.lr``) may be a traced value (an argument of the compiled step: the
+    optimizer's update takes it, :func:`build_optimizer`).
 
     >>> schedule = learning_rate(OptimizerConfig(schedule="cosine", final_lr_fraction=0.01), 100)
     >>> round(float(schedule(0)), 8), round(float(schedule(100)), 8)
@@ -130,18 +129,36 @@ def learning_rate(
     return lr
 
 
-def build_optimizer(
-    cfg: OptimizerConfig, meta_steps: int, lr: float | jax.Array | None = None
-) -> optax.GradientTransformation:
-    """The outer optimiser: adam | adamw | sgd at :func:`learning_rate` (``lr``: default
-    ``cfg.lr``, may be traced), optional clipping."""
-    lr = learning_rate(cfg, meta_steps, lr)
+def build_optimizer(cfg: OptimizerConfig, meta_steps: int) -> optax.GradientTransformationExtraArgs:
+    """The outer optimiser: adam | adamw | sgd at :func:`learning_rate`, optional clipping.
+
+    Built once; its rate is data: ``update(..., learning_rate=lr)`` takes the run's
+    ``optimizer.lr`` (``Hyper.lr``, an argument of the compiled step; ``cfg.lr`` when not
+    given), as ``optax.inject_hyperparams`` would keep it in the state. The state is that of
+    ``optax.adam(lr)`` (``adamw``, ``sgd``), so checkpoints of either restore into the other.
+
+    >>> import jax.numpy as jnp
+    >>> optimizer = build_optimizer(OptimizerConfig(name="sgd", lr=0.1), 10)
+    >>> params = {"w": jnp.ones(2)}
+    >>> updates, _ = optimizer.update(params, optimizer.init(params), params, learning_rate=0.5)
+    >>> updates["w"]
+    Array([-0.5, -0.5], dtype=float32)
+    """
     if cfg.name == "adam":
-        base = optax.adam(lr)
+        statistics = [optax.scale_by_adam()]
     elif cfg.name == "adamw":
-        base = optax.adamw(lr, weight_decay=cfg.weight_decay)
+        statistics = [optax.scale_by_adam(), optax.add_decayed_weights(cfg.weight_decay)]
     else:
-        base = optax.sgd(lr, momentum=cfg.momentum or None)
+        statistics = [optax.trace(decay=cfg.momentum) if cfg.momentum else optax.identity()]
+
+    def at_rate(lr) -> optax.GradientTransformation:  # optax's own arithmetic, at this rate
+        return optax.scale_by_learning_rate(learning_rate(cfg, meta_steps, lr))
+
+    def update(updates, state, params=None, *, learning_rate=None, **extra_args):
+        return at_rate(cfg.lr if learning_rate is None else learning_rate).update(updates, state)
+
+    scaled = optax.GradientTransformationExtraArgs(at_rate(cfg.lr).init, update)
+    base = optax.chain(*statistics, scaled)
     if cfg.grad_clip_norm > 0:
         return optax.chain(optax.clip_by_global_norm(cfg.grad_clip_norm), base)
     return base
@@ -380,26 +397,14 @@ def build_experiment(cfg: Config) -> Experiment:
         cfg.trainer.task_batching, model, rl=isinstance(objective, RLObjective)
     )
     steps_per_call = resolve_steps_per_call(cfg.trainer.steps_per_call, model)
-    inner_lr = getattr(cfg.algorithm, "inner_lr", None)
     train_key = jax.random.fold_in(root, TRAIN_STREAM)
     model_key = jax.random.fold_in(root, MODEL_STREAM)
     hyper = Hyper(
         train_key,
         model_key,
-        None if inner_lr is None else jnp.asarray(inner_lr, jnp.float32),
+        {name: jnp.asarray(value, jnp.float32) for name, value in learner.hyper.items()},
         jnp.asarray(cfg.optimizer.lr, jnp.float32),
     )
-
-    def learner_for(hyper: Hyper) -> MetaLearner:
-        if hyper.inner_lr is None:
-            return learner
-        return ALGORITHMS.build(
-            dataclasses.replace(cfg.algorithm, inner_lr=hyper.inner_lr), objective
-        )
-
-    def optimizer_for(hyper: Hyper) -> optax.GradientTransformation:
-        return build_optimizer(cfg.optimizer, cfg.trainer.meta_steps, hyper.lr)
-
     return Experiment(
         tasks,
         model,
@@ -412,8 +417,6 @@ def build_experiment(cfg: Config) -> Experiment:
         train_key=train_key,
         model_key=model_key,
         hyper=hyper,
-        learner_for=learner_for,
-        optimizer_for=optimizer_for,
     )
 
 

@@ -114,7 +114,7 @@ class Runner:
         self.compile_steps = 0  # meta-steps run by compiling calls: their time is compile time
         self.pause_seconds = 0.0  # validation and checkpoint saves: with compiling, not in steps/s
         self._eval_step = make_eval_step(
-            self.exp.learner_for,
+            self.exp.learner,
             self.exp.tasks,
             steps=tuple(cfg.eval.steps),
             strategy=self.exp.task_batching,
@@ -124,7 +124,7 @@ class Runner:
     def eval_step(self, trained_params, split_arrays, keys, shots: int):
         """The jitted evaluation of the tasks drawn from ``keys`` (placed on every device)."""
         keys = replicated(keys, self.mesh)
-        return self._eval_step(trained_params, split_arrays, keys, shots, self.hyper)
+        return self._eval_step(trained_params, split_arrays, keys, shots, self.hyper.learner)
 
     def train_call(self, state, num_steps: int):
         """Run ``num_steps`` fused meta-steps; compiles (timed) on first use of a length.

@@ -140,16 +140,21 @@ def make_meta_train_step(
     strategy: str,
     key: jax.Array,
     mesh=None,
+    hyper: dict[str, jax.Array] | None = None,
+    learning_rate: jax.Array | None = None,
 ) -> Callable[[TrainState, PyTree], tuple[TrainState, dict]]:
     """``meta_train_step(state, tasks) -> (state, metrics)``: one meta-update from an
     already-sampled meta-batch (``tasks``: tasks stacked on a leading axis), not yet jitted.
 
     Each task gets its context: the state's integer step, ``meta_steps`` (the run's length),
-    the model state and its own key (``fold_in(key, step)`` split over the tasks). The tasks'
-    meta-gradients, new model states and metrics are averaged; the optax ``optimizer``
-    applies the mean gradient. A learner with a ``batch_update`` (MAML-RL's TRPO step) takes
-    the whole meta-batch, its keys, ``optimizer`` and how to batch the tasks
-    (:func:`batch_update_strategy`) instead. With a ``mesh`` each device
+    the model state, its own key (``fold_in(key, step)`` split over the tasks) and ``hyper``,
+    the learner's hyperparameters as data (``MetaLearner.hyper``'s names; None: the values it
+    was built with). The tasks' meta-gradients, new model states and metrics are averaged; the
+    optax ``optimizer`` applies the mean gradient (with ``learning_rate=`` when given: a
+    :func:`~metalearn.runner.experiment.build_optimizer` takes its rate so). A learner with a
+    ``batch_update`` (MAML-RL's TRPO step) takes the whole meta-batch, its keys,
+    ``optimizer``, how to batch the tasks (:func:`batch_update_strategy`) and ``hyper``
+    instead. With a ``mesh`` each device
     batches its share of the tasks with ``strategy`` (``jax.shard_map``) and the devices' means
     are averaged (``pmean``).
 
@@ -177,7 +182,7 @@ def make_meta_train_step(
 
         def one_task(task_and_key):
             task, task_key = task_and_key
-            ctx = TaskContext(state.step, total, state.model_state, task_key)
+            ctx = TaskContext(state.step, total, state.model_state, task_key, hyper)
             returned = learner.task_grad(state.meta_params, task, ctx)
             check_task_grad_output(returned)
             grads, aux = returned
@@ -198,12 +203,14 @@ def make_meta_train_step(
                 keys,
                 optimizer,
                 batch_update_strategy(strategy, mesh),
+                hyper,
             )
             new_state = TrainState(state.step + 1, meta_params, state.model_state, opt_state)
             return constrain_replicated((new_state, metrics), mesh)
         mean = task_mean if mesh is None else over_task_shards(task_mean, mesh, reduce=True)
         grads, model_state, metrics = mean(state, (tasks, keys))
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.meta_params)
+        rate = {} if learning_rate is None else {"learning_rate": learning_rate}
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.meta_params, **rate)
         meta_params = optax.apply_updates(state.meta_params, updates)
         new_state = TrainState(state.step + 1, meta_params, model_state, opt_state)
         return constrain_replicated((new_state, metrics), mesh)
@@ -311,7 +318,7 @@ def make_multi_step(meta_step: Callable, num_steps: int) -> Callable:
 
 
 def make_eval_step(
-    learner: MetaLearner | Callable[[Any], MetaLearner],
+    learner: MetaLearner,
     family: TaskFamily,
     *,
     steps: tuple[int, ...],
@@ -322,20 +329,18 @@ def make_eval_step(
     len(steps)]}``.
 
     ``trained`` is a :class:`Trained` (meta-parameters and model state). Each task is sampled
-    from its key; its model key is ``fold_in(key, 1)``. ``learner`` is a :class:`MetaLearner`,
-    or a function of ``hyper`` returning one (``Experiment.learner_for``), so that its rates
-    are arguments of the compiled step rather than constants. With a ``mesh`` on one host the
-    results are left split across its devices (read them with ``jax.device_get``).
+    from its key; its model key is ``fold_in(key, 1)``. ``hyper``: the learner's
+    hyperparameters (``MetaLearner.hyper``'s names), arguments of the compiled step rather than
+    constants (None: the values it was built with). With a ``mesh`` on one host the results are
+    left split across its devices (read them with ``jax.device_get``).
     """
 
     def evaluate(trained: Trained, split_arrays, keys, shots, hyper=None):
-        meta_learner = learner if isinstance(learner, MetaLearner) else learner(hyper)
-
         def per_task(trained: Trained, batch_and_keys: PyTree):
             def one_task(task_and_key):
                 task, key = task_and_key
-                ctx = context(trained.model_state, key)
-                return meta_learner.evaluate(trained.meta_params, task, ctx, steps)
+                ctx = context(trained.model_state, key, hyper=hyper)
+                return learner.evaluate(trained.meta_params, task, ctx, steps)
 
             return map_over_tasks(one_task, batch_and_keys, strategy)
 

@@ -119,17 +119,36 @@ def test_a_bad_algorithm_value_is_refused_by_to_objects():
         to_objects(compose_config(["+experiment=sinusoid_maml", "algorithm.inner_lr=-1"]))
 
 
-@pytest.mark.parametrize(
-    "name",
-    [n for n in NAMES + RL_NAMES if hasattr(ALGORITHMS.entry(n).config_cls(), "inner_lr")],
-)
-def test_the_config_takes_a_traced_inner_lr(name):
-    # The runner rebuilds the learner with its inner rate traced (Experiment.learner_for), so
-    # that runs differing only in it share one compilation: the config's checks skip it (a
-    # negative traced rate too: it was checked when it was a number).
-    config = ALGORITHMS.entry(name).config_cls()
-    rate = jax.jit(lambda lr: dataclasses.replace(config, inner_lr=lr).inner_lr * 2)(-0.5)
-    assert float(rate) == -1.0
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "protonet"])
+def test_a_rate_passed_as_data_is_the_rate_the_learner_is_built_with(name):
+    # The runner builds the learner once, outside jit, and passes its hyperparameters back as
+    # arguments of the compiled step (TaskContext.hyper): a rate passed so gives exactly the
+    # learner built at that rate, through one compiled program for every rate.
+    overrides = {"inner_steps": 2} if name == "mamlpp" else {}
+    learner, model = build(name, **overrides)
+    assert set(learner.hyper) == {"inner_lr"}  # the config's hyperparameter() fields
+    meta_params = learner.init(jax.random.key(0), init_params(model, 1))
+    batches, _ = task_pool("sine")
+    task = jax.tree_util.tree_map(lambda x: x[0, 0], batches)
+    traces = []
+
+    def grad_and_metrics(rate):
+        traces.append(rate)
+        ctx = CTX._replace(hyper={"inner_lr": rate})
+        return learner.task_grad(meta_params, task, ctx)[0], learner.evaluate(
+            meta_params, task, ctx, (0, 1)
+        )
+
+    compiled = jax.jit(grad_and_metrics)
+    for rate in (0.003, 0.02):
+        passed = compiled(np.float32(rate))
+        rebuilt, _ = build(name, **overrides, inner_lr=rate)
+        own = rebuilt.task_grad(meta_params, task, CTX)[0], rebuilt.evaluate(
+            meta_params, task, CTX, (0, 1)
+        )
+        for x, y in zip(jax.tree_util.tree_leaves(passed), jax.tree_util.tree_leaves(own)):
+            np.testing.assert_allclose(x, y, rtol=2e-6, atol=1e-7)
+    assert len(traces) == 1  # one trace, one compilation, for both rates
 
 
 # The check: the post-adaptation query loss (after the algorithm's own inner_steps) on 96 held-out

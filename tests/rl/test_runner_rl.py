@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
+from metalearn.algorithms.base import TaskContext
 from metalearn.algorithms.base import context
 from metalearn.config import to_objects
 from metalearn.data.task import Task
@@ -364,11 +365,17 @@ def test_inner_steps_0_warns_once_of_the_settings_it_leaves_unused(overrides, wa
     # Not refused: a sweep over algorithm.inner_steps=0,1 with algorithm.inner_lr=0.05 must run.
     with caplog.at_level(logging.WARNING, logger="metalearn"):
         exp = build_experiment(rl_config(*overrides))
-        # The runner rebuilds the learner with the inner rate traced, once per compiled program:
-        # the run has warned once already.
-        rebuild = lambda lr: exp.learner_for(exp.hyper._replace(inner_lr=lr)) and lr  # noqa: E731
-        jax.jit(rebuild)(exp.hyper.inner_lr)
-        jax.jit(rebuild)(exp.hyper.inner_lr + 1.0)
+        # The runner builds the learner once and passes its inner rate into the compiled step
+        # as data: tracing the step again, at another rate, warns no more.
+        task = exp.tasks.sample(exp.tasks.splits["train"], jax.random.key(0), 1)
+        params = exp.initial_state.meta_params
+
+        def grad(lr):
+            ctx = TaskContext(0, 1, {}, jax.random.key(1), {"inner_lr": lr})
+            return exp.learner.task_grad(params, task, ctx)[0]
+
+        jax.jit(grad)(exp.hyper.learner["inner_lr"])
+        jax.jit(grad)(exp.hyper.learner["inner_lr"] + 1.0)
     lines = [r.getMessage() for r in caplog.records if UNUSED in r.getMessage()]
     if warned is None:
         assert lines == []

@@ -33,7 +33,7 @@ def programs(run: Runner) -> tuple[str, str]:
     train = run.lower(run.initial_state, 2).as_text()
     keys = jax.random.split(jax.random.key(0), 2)
     evaluate = run._eval_step.lower(
-        trained(run.initial_state), run.splits["val"], keys, 5, run.hyper
+        trained(run.initial_state), run.splits["val"], keys, 5, run.hyper.learner
     ).as_text()
     return train, evaluate
 
