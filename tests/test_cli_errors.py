@@ -446,7 +446,12 @@ def test_a_locomotion_run_without_brax_is_one_line(tmp_path):
         f"hydra.run.dir={tmp_path / 'run'}",
         env={**os.environ, "PYTHONPATH": str(missing.parent)},
     )
-    error_line(result, "the locomotion environments need Brax", "pip install '.[locomotion]'")
+    error_line(
+        result,
+        "the locomotion environments need Brax",
+        "pip install 'metalearn-jax[locomotion]'",
+        "pip install '.[locomotion]'",
+    )
 
 
 def test_a_run_directory_with_glob_characters_is_refused(tmp_path):

@@ -54,7 +54,7 @@ PARAMS = [e if e in DEFAULT else pytest.param(e, marks=pytest.mark.slow) for e i
 def test_tiny_version_of_every_experiment_runs(experiment, tmp_path):
     cfg = to_objects(compose_config(tiny_overrides(experiment, str(tmp_path / "tfds"))))
     if getattr(cfg.data, "env", None) in LOCOMOTION:
-        pytest.importorskip("brax", reason="locomotion needs: pip install 'metalearn[locomotion]'")
+        pytest.importorskip("brax", reason="locomotion needs: pip install '.[locomotion]'")
     workdir = tmp_path / "run"
     if cfg.data.name in IMAGE_SHAPES:
         with tfds.testing.mock_data(

@@ -68,7 +68,11 @@ def require_matplotlib() -> ModuleType:
     try:
         import matplotlib
     except ImportError:
-        print("error: the plots need matplotlib: pip install 'metalearn[plot]'", file=sys.stderr)
+        print(
+            "error: the plots need matplotlib: pip install 'metalearn-jax[plot]' "
+            "(in a checkout: pip install '.[plot]')",
+            file=sys.stderr,
+        )
         sys.exit(2)
     matplotlib.use("Agg")
     return matplotlib

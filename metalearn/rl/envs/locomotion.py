@@ -138,7 +138,7 @@ def brax_env(robot: str, backend: str) -> Any:
     except ImportError as err:  # a DataSourceError: the run and evaluate say it in one line
         raise DataSourceError(
             f"the locomotion environments need Brax, which cannot be imported here ({err}): "
-            "pip install 'metalearn[locomotion]' (in a checkout: pip install '.[locomotion]')"
+            "pip install 'metalearn-jax[locomotion]' (in a checkout: pip install '.[locomotion]')"
         ) from err
 
     # MuJoCo's compiler warns about Brax's own models (a deprecated attribute); by default it
