@@ -20,6 +20,8 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from metalearn.errors import headline
+
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
@@ -167,7 +169,7 @@ def check_schema(config_cls: type, part: str) -> None:
         where = f"field {field!r}: " if field else ""
         raise TypeError(
             f"{part}: its config class {config_cls.__name__} cannot be a Hydra schema: {where}"
-            f"{_headline(err).split(': ', 1)[-1]}; type its fields str, int, float, bool, "
+            f"{headline(err).split(': ', 1)[-1]}; type its fields str, int, float, bool, "
             "lists, tuples, dicts or dataclasses, and build anything else in the factory"
         ) from None
 
@@ -311,7 +313,7 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 def _located(err: BaseException) -> str:
     """``Type: message (file, line N)``: the innermost frame of ``err`` outside metalearn (the
     line of the importing module that called into it), else the frame that raised it."""
-    message = _headline(err)
+    message = headline(err)
     frames = traceback.extract_tb(err.__traceback__)
     outside = [
         f
@@ -320,12 +322,6 @@ def _located(err: BaseException) -> str:
     ]
     frame = (outside or frames or [None])[-1]
     return message if frame is None else f"{message} ({frame.filename}, line {frame.lineno})"
-
-
-def _headline(err: BaseException) -> str:
-    """``Type: first line of the message``."""
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0] if lines else ''}"
 
 
 def user_code_frame(err: BaseException) -> traceback.FrameSummary | None:
@@ -351,7 +347,7 @@ def user_code_error(err: BaseException, selected: dict[str, str] | None = None) 
     >>> user_code_error(ValueError("bad"), {"algorithm": "maml"}) is None
     True
     """
-    head = _headline(err)
+    head = headline(err)
     frame = user_code_frame(err)
     if frame is not None:
         return f"{head} (in your code: {frame.filename}, line {frame.lineno}, in {frame.name})"

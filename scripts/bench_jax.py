@@ -165,13 +165,12 @@ def build_step(spec: dict[str, Any], *, counting: bool = False) -> Built:
     """
     from metalearn.config import OptimizerConfig
     from metalearn.runner.experiment import build_optimizer
+    from metalearn.runner.plan import resolve_steps_per_call, resolve_task_batching
     from metalearn.runner.steps import (
         init_train_state,
         make_meta_step,
         make_meta_train_step,
         make_multi_step,
-        resolve_steps_per_call,
-        resolve_task_batching,
     )
 
     start_devices(spec)
@@ -179,7 +178,11 @@ def build_step(spec: dict[str, Any], *, counting: bool = False) -> Built:
     meta_steps = 10_000
     optimizer = build_optimizer(OptimizerConfig(name="adam", lr=spec["outer_lr"]), meta_steps)
     state = init_train_state(learner, model, optimizer, jax.random.key(0))
-    strategy = "vmap" if counting else resolve_task_batching(spec["batching"], model)
+    strategy = (
+        "vmap"
+        if counting
+        else resolve_task_batching(spec["batching"], convolutional=model.is_convolutional)
+    )
     mesh, arrays = None, tasks.splits["train"]
     if (
         len(jax.devices()) > 1 and not counting
@@ -206,7 +209,11 @@ def build_step(spec: dict[str, Any], *, counting: bool = False) -> Built:
     )
     fused = 1 if counting else spec["steps_per_call"]
     if fused == "auto":
-        fused = 1 if model.is_convolutional else resolve_steps_per_call(0, model)
+        fused = (
+            1
+            if model.is_convolutional
+            else resolve_steps_per_call(0, convolutional=model.is_convolutional)
+        )
     jitted = make_multi_step(meta_step, int(fused))
     return Built(jitted, state, arrays, strategy, int(fused))
 

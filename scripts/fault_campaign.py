@@ -95,12 +95,12 @@ def final_state(run_dir: Path):
     from omegaconf import OmegaConf
 
     from metalearn.config import to_objects
+    from metalearn.runner import build, resolve
     from metalearn.runner.checkpoints import CheckpointStore
-    from metalearn.runner.experiment import build_experiment
 
     cfg = to_objects(OmegaConf.load(run_dir / "config.yaml"))
     store = CheckpointStore(str(run_dir / "checkpoints"), 2)
-    state, _ = store.restore(build_experiment(cfg).initial_state)
+    state, _ = store.restore(build(resolve(cfg)).initial_state)
     store.close()
     return state
 

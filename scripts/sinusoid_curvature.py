@@ -42,8 +42,10 @@ from omegaconf import OmegaConf
 from metalearn import adapt_trajectory, top_hessian_eigenvalue
 from metalearn.algorithms.base import context, inner_loss, query_loss
 from metalearn.config import to_objects
+from metalearn.runner import build, resolve
 from metalearn.runner.evaluation import diverged_mask, evaluation_keys, summarize
-from metalearn.runner.loop import Runner
+from metalearn.runner.run import Runner
+from metalearn.runner.rundir import RunDirectory
 from metalearn.runner.steps import sample_tasks_from_keys, trained
 
 
@@ -147,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     alpha = float(cfg.algorithm.inner_lr)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
-        runner = Runner(cfg, args.run_dir if args.from_checkpoints else scratch)
+        workdir = args.run_dir if args.from_checkpoints else scratch
+        runner = Runner(build(resolve(cfg)), RunDirectory(workdir, cfg))
         probe = make_probe(runner.exp.objective, alpha, args.inner_steps, args.lanczos_iters)
         keys = evaluation_keys(cfg.eval.seed, args.split, args.shots, args.tasks)
         tasks = sample_tasks_from_keys(

@@ -23,7 +23,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from metalearn import registry
-from metalearn.config_errors import SCHEMA_SUFFIX
+from metalearn.config import SCHEMA_SUFFIX
 from metalearn.train import CONF_DIR
 
 # Runnable experiments; base_*.yaml hold what several experiments share and are not run alone.
@@ -92,15 +92,29 @@ def compose_config(overrides: list[str]) -> DictConfig:
     return cfg
 
 
+def experiment_of(cfg):
+    """The built experiment of a config, as the runner builds it."""
+    from metalearn.runner import build, resolve
+
+    return build(resolve(cfg))
+
+
+def runner_of(cfg, workdir):
+    """The runner of a config in ``workdir``, as the training loop and evaluate build it."""
+    from metalearn.runner.run import Runner
+    from metalearn.runner.rundir import RunDirectory
+
+    return Runner(experiment_of(cfg), RunDirectory(str(workdir), cfg))
+
+
 def restore_latest_state(run_dir, cfg=None):
     """The latest checkpointed TrainState of a run (``cfg`` defaults to its config.yaml)."""
     from metalearn.config import to_objects
     from metalearn.runner.checkpoints import CheckpointStore
-    from metalearn.runner.experiment import build_experiment
 
     if cfg is None:
         cfg = to_objects(OmegaConf.load(os.path.join(run_dir, "config.yaml")))
     store = CheckpointStore(os.path.join(run_dir, "checkpoints"), 2)
-    state, _ = store.restore(build_experiment(cfg).initial_state)
+    state, _ = store.restore(experiment_of(cfg).initial_state)
     store.close()
     return state

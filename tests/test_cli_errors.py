@@ -16,8 +16,8 @@ from omegaconf import OmegaConf
 
 from metalearn.data.fewshot_builder import load_split_arrays
 from metalearn.data.omniglot_builder import OmniglotVinyals
-from metalearn.evaluate import load_run_config
 from metalearn.runner.rundir import saved_steps
+from metalearn.runner.saved_run import load_run_config
 from tests.cli import OMNIGLOT_TINY, RL_TINY, TINY, error_line, run_cli
 from tests.conftest import compose_config
 from tests.data.fake_sources import truncate, write_omniglot

@@ -1,5 +1,5 @@
 """Each default has one home: the config dataclass an entry registers (or the top-level
-dataclasses of metalearn/config.py). Factories take that dataclass instead of repeating its
+dataclasses of metalearn/config/schema.py). Factories take that dataclass instead of repeating its
 defaults as keywords, config YAMLs set only what differs from it, and a Flax module's
 attribute defaults are read from it."""
 
@@ -17,7 +17,7 @@ from metalearn.models.mlp import MLP, MLPConfig
 from metalearn.models.resnet12 import ResNet12, ResNet12Config
 from metalearn.registry import ALGORITHMS, MODELS, TASKS
 
-CONF = pathlib.Path(config.__file__).parent / "conf"
+CONF = pathlib.Path(config.__file__).parents[1] / "conf"
 REGISTRIES = {"algorithm": ALGORITHMS, "model": MODELS, "data": TASKS}
 FIXED = {"optimizer": config.OptimizerConfig, "trainer": config.TrainerConfig}
 

@@ -29,11 +29,9 @@ from metalearn.data.sinusoid import sinusoid
 from metalearn.data.task import Aux, Objective, supervised_objective
 from metalearn.models.base import ModelParts, model_from_flax
 from metalearn.registry import MODELS, TASKS
-from metalearn.runner.experiment import build_experiment
-from metalearn.runner.loop import Runner
 from tests.algorithms.problems import DIM, WAYS, cluster_task
 from tests.cli import TINY, error_line, run_cli
-from tests.conftest import compose_config
+from tests.conftest import compose_config, experiment_of, runner_of
 
 PLUGIN_ENV = {**os.environ, "METALEARN_PLUGINS": __name__}
 
@@ -147,7 +145,7 @@ def config(*overrides):
 def refusal(tmp_path, *overrides) -> str:
     """The ValueError a run of ``overrides`` is refused with when it is set up."""
     with pytest.raises(ValueError) as err:
-        Runner(config(*overrides), str(tmp_path))
+        runner_of(config(*overrides), tmp_path)
     return str(err.value)
 
 
@@ -230,7 +228,7 @@ def test_a_loss_that_hands_back_the_state_it_was_given_is_refused(tmp_path):
     ],
 )
 def test_objectives_that_keep_the_contract_pass(tmp_path, overrides):
-    Runner(config(*overrides), str(tmp_path))
+    runner_of(config(*overrides), tmp_path)
 
 
 def test_a_model_returning_a_tuple_is_one_line(tmp_path):
@@ -256,7 +254,7 @@ def test_a_model_returning_a_tuple_is_one_line(tmp_path):
 
 def test_a_model_factory_or_model_from_flax_without_a_flax_module_is_named():
     with pytest.raises(ValueError) as err:
-        build_experiment(config("model=own_no_module"))
+        experiment_of(config("model=own_no_module"))
     assert str(err.value).startswith(
         "model=own_no_module: its factory returned a function (own_no_module.<locals>.<lambda>), "
         "not a Flax module (an instance of flax.linen.Module"

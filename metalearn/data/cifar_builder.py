@@ -32,10 +32,10 @@ from metalearn.data.sources import (
     DataSourceError,
     download,
     load_data_pickle,
-    one_line,
     read_tar_members,
     split_json,
 )
+from metalearn.errors import one_line
 
 ARCHIVE = "cifar-100-python.tar.gz"
 URL = "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"

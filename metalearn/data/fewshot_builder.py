@@ -28,7 +28,8 @@ import tensorflow_datasets as tfds
 from etils import epath
 
 from metalearn.data.class_split import ClassSplit
-from metalearn.data.sources import DataSourceError, directory_setting_problem, one_line
+from metalearn.data.sources import DataSourceError, directory_setting_problem
+from metalearn.errors import one_line
 
 SPLITS = ("train", "val", "test")
 log = logging.getLogger("metalearn")

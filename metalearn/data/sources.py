@@ -24,22 +24,14 @@ from urllib.parse import urlparse
 
 import numpy as np
 
+from metalearn.errors import one_line
+
 # What reading a damaged archive or image can raise.
 READ_ERRORS = (zipfile.BadZipFile, tarfile.TarError, zlib.error, EOFError, OSError, ValueError)
 
 
 class DataSourceError(RuntimeError):
     """A dataset source is missing, truncated or corrupt; the message says how to fix it."""
-
-
-def one_line(err: BaseException) -> str:
-    """``"TypeName: message"`` on one line, for wrapping a low-level error.
-
-    >>> one_line(OSError("disk   full"))
-    'OSError: disk full'
-    """
-    text = " ".join(str(err).split()) or "no details"
-    return f"{type(err).__name__}: {text}"
 
 
 def require_file(path: str, dataset: str, how_to_get: str) -> str:

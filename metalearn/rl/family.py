@@ -122,7 +122,7 @@ def rl_objective(env: Env, config: RLTasksConfig) -> Callable[[Model], RLObjecti
     return objective
 
 
-@TASKS.register("rl_env", RLTasksConfig)
+@TASKS.register("rl_env", RLTasksConfig, large_tasks=True)
 def rl_env(config: RLTasksConfig | None = None) -> TaskFamily:
     """The task family of the registered environment ``config.env``.
 

@@ -1,10 +1,11 @@
-"""XLA:CPU settings a run takes before JAX's first computation: devices and threads.
+"""The settings a process takes before JAX's first computation: :func:`prepare_machine`.
 
 On a CPU, a meta-batch of convolutional tasks looped over by ``lax.map`` runs one task at a
 time, and one task's matrix products are too small to keep several cores busy. So for
 ``trainer.task_batching: auto`` the runner starts one XLA:CPU device per core, each on one
 thread, and splits the tasks across them (:mod:`metalearn.runner.devices`). Measured in
-experiments/benchmarks/.
+experiments/benchmarks/. Runs whose programs make batched LAPACK calls (the locomotion
+families' physics) ask for the scheduling under which those do not deadlock.
 """
 
 from __future__ import annotations
@@ -14,7 +15,74 @@ import os
 
 import jax
 
+from metalearn.config import Config
+from metalearn.models.base import ModelParts
+from metalearn.registry import MODELS
+from metalearn.runner.compilation_cache import enable_compilation_cache
+from metalearn.runner.devices import initialize_distributed
+
 log = logging.getLogger("metalearn")
+
+
+def prepare_machine(cfg: Config, *, training: bool = True) -> None:
+    """Apply what ``cfg`` asks of this process before JAX's first computation: XLA:CPU devices
+    (training only: an evaluation runs on one), serial LAPACK scheduling, the persistent
+    compilation cache, and (training only) joining a multi-host run. The entry points call it
+    first; from a Python session where JAX has started, the running backend is kept."""
+    if training:
+        start_cpu_devices(cpu_devices_for(cfg))
+    if needs_serial_lapack(cfg):
+        schedule_lapack_calls_serially()
+    enable_compilation_cache(cfg.trainer.compilation_cache)
+    if training:
+        d = cfg.distributed
+        initialize_distributed(d.enabled, d.coordinator_address, d.num_processes, d.process_id)
+
+
+def cpu_devices_for(cfg: Config, cores: int | None = None) -> int:
+    """XLA:CPU devices a run asks for before JAX starts: one per core for a convolutional
+    model under ``trainer.task_batching: auto`` (see :func:`auto_cpu_devices`), else one.
+    ``task_batching: map`` (or ``trainer.shard_tasks: false``) keeps one device looping over
+    all the tasks.
+
+    >>> from metalearn.config import TrainerConfig
+    >>> from metalearn.models.conv4 import Conv4Config
+    >>> cfg = Config(model=Conv4Config(), trainer=TrainerConfig(meta_batch_size=32))
+    >>> cpu_devices_for(cfg, cores=2)
+    2
+    """
+    t = cfg.trainer
+    if t.task_batching != "auto" or not t.shard_tasks or cfg.distributed.enabled:
+        return 1
+    parts = MODELS.entry(cfg.model.name).info.get("parts", ModelParts())
+    count = usable_cores() if cores is None else cores
+    return auto_cpu_devices(parts.convolutional, t.meta_batch_size, count)
+
+
+def needs_serial_lapack(cfg: Config) -> bool:
+    """Whether a run's programs make batched LAPACK calls on CPU, so that it must ask for
+    :func:`schedule_lapack_calls_serially` before JAX starts: an RL environment registered with
+    a ``linalg_size`` (the locomotion families).
+
+    >>> from metalearn.rl.family import RLTasksConfig
+    >>> [needs_serial_lapack(Config(data=RLTasksConfig(env=e))) for e in ("nav2d", "ant_dir")]
+    [False, True]
+    """
+    from metalearn.rl.envs import BATCHED_LINALG_ENVS
+
+    return getattr(cfg.data, "env", None) in BATCHED_LINALG_ENVS
+
+
+def linalg_size_on_cpu_devices(cfg: Config, platform: str, device_count: int) -> int | None:
+    """The size of the systems a locomotion family's physics solves in batches
+    (:data:`~metalearn.rl.envs.BATCHED_LINALG_ENVS`) when the run has several XLA:CPU devices;
+    None for any other run."""
+    from metalearn.rl.envs import BATCHED_LINALG_ENVS
+
+    if platform != "cpu" or device_count < 2:
+        return None
+    return BATCHED_LINALG_ENVS.get(getattr(cfg.data, "env", None))
+
 
 # Each of several XLA:CPU devices runs its programs on one thread: one device per core, none
 # spreading its matrix products onto the other devices' cores.

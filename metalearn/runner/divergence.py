@@ -19,7 +19,8 @@ import numpy as np
 from metalearn.data.family_checks import sampled_values_problem
 from metalearn.runner.devices import replicated
 from metalearn.runner.evaluation import evaluation_keys
-from metalearn.runner.experiment import outer_step_settings
+from metalearn.runner.experiment import Experiment
+from metalearn.runner.preflight import outer_step_settings
 from metalearn.runner.steps import Trained, make_eval_step
 
 # The inner loop "diverges" when adapting multiplies the mean query loss by more than this.
@@ -28,8 +29,11 @@ PROBE_TASKS = 8
 DATA_PROBE_TASKS = 256  # sampled only: their values are checked, no model is run
 
 
-def inner_loop_verdict(before: np.ndarray, after: np.ndarray, steps: int, inner_lr: Any) -> str:
-    """Advice from per-task query losses before and after ``steps`` inner steps.
+def inner_loop_verdict(
+    before: np.ndarray, after: np.ndarray, steps: int, rate: Any, setting: str = "inner_lr"
+) -> str:
+    """Advice from per-task query losses before and after ``steps`` inner steps at ``rate``
+    (the algorithm's ``setting``).
 
     >>> inner_loop_verdict(np.array([1.0, 2.0]), np.array([np.nan, 1e9]), 5, 1e4)[:58]
     'the inner loop diverges from the last good parameters (mea'
@@ -41,7 +45,7 @@ def inner_loop_verdict(before: np.ndarray, after: np.ndarray, steps: int, inner_
     if not math.isfinite(mean_after) or mean_after > BLOW_UP * max(mean_before, 1e-12):
         return (
             f"the inner loop diverges from the last good parameters ({losses} inner step(s) at "
-            f"algorithm.inner_lr={inner_lr}): lower algorithm.inner_lr"
+            f"algorithm.{setting}={rate}): lower algorithm.{setting}"
         )
     return (
         f"the inner loop adapts sanely from the last good parameters ({losses} inner step(s)), "
@@ -49,13 +53,15 @@ def inner_loop_verdict(before: np.ndarray, after: np.ndarray, steps: int, inner_
     )
 
 
-def divergence_advice(cfg: Any, exp: Any, train_arrays: Any, mesh: Any, good: Trained) -> str:
-    """What to change after a NaN, judged from ``good`` (the last finite parameters and state).
+def divergence_advice(exp: Experiment, train_arrays: Any, good: Trained) -> str:
+    """What to change after a NaN, judged from ``good`` (the last finite parameters and state);
+    ``train_arrays``: the training split, placed as the run places it.
 
     Before any learning rate is blamed, ``DATA_PROBE_TASKS`` training tasks are sampled and
     checked (non-finite values, labels out of range), and the query loss is computed before
     adaptation: non-finite there, the model's outputs or the loss are at fault, not a rate.
     """
+    cfg, mesh = exp.plan.config, exp.plan.mesh
     shots = cfg.trainer.shots
     try:
         data_problem = sampled_values_problem(exp.tasks, shots, DATA_PROBE_TASKS, distinct=False)
@@ -63,19 +69,20 @@ def divergence_advice(cfg: Any, exp: Any, train_arrays: Any, mesh: Any, good: Tr
         data_problem = None
     if data_problem:
         return f"{DATA_PROBE_TASKS} training tasks sampled again {data_problem}"
-    inner_lr = getattr(cfg.algorithm, "inner_lr", None)
+    # The algorithm's inner rate: its first hyperparameter (MetaLearner.hyper), if it has one.
+    setting = next(iter(exp.learner.hyper), None)
+    inner = f"algorithm.{setting} or " if setting is not None else ""
     outer = outer_step_settings(cfg.algorithm)
     if outer is not None:  # an outer step of its own (MAML-RL's TRPO): no optimizer to blame
-        inner = "algorithm.inner_lr or " if inner_lr is not None else ""
         return f"lower {inner}{outer}"
-    rates = "algorithm.inner_lr or optimizer.lr" if inner_lr is not None else "optimizer.lr"
+    rates = f"{inner}optimizer.lr"
     unknown = f"lower {rates}, or set optimizer.grad_clip_norm"
     steps = int(getattr(cfg.algorithm, "inner_steps", 1))
     probe = make_eval_step(
         exp.learner,
         exp.tasks,
-        steps=(0, steps) if inner_lr is not None else (0,),  # before adaptation only, for none
-        strategy=exp.task_batching,
+        steps=(0, steps) if setting is not None else (0,),  # before adaptation only, for none
+        strategy=exp.plan.task_batching,
         mesh=mesh,
     )
     keys = evaluation_keys(cfg.eval.seed, "train", shots, PROBE_TASKS)
@@ -95,6 +102,7 @@ def divergence_advice(cfg: Any, exp: Any, train_arrays: Any, mesh: Any, good: Tr
             f"parameters ({bad} of {PROBE_TASKS} training tasks), while the sampled tasks are "
             "finite: the model's outputs or the loss overflow (check the model), not a rate"
         )
-    if inner_lr is None:  # no inner learning rate (e.g. ProtoNets): only the outer one is left
+    if setting is None:  # no inner learning rate (e.g. ProtoNets): only the outer one is left
         return "lower optimizer.lr or set optimizer.grad_clip_norm"
-    return inner_loop_verdict(values[:, 0], values[:, 1], steps, inner_lr)
+    rate = exp.learner.hyper[setting]
+    return inner_loop_verdict(values[:, 0], values[:, 1], steps, rate, setting)

@@ -251,3 +251,30 @@ class Progress:
             for handler in self._console:
                 handler.removeFilter(self._file_only)
             self._redirect.__exit__(None, None, None)
+
+
+class EvaluationProgress:
+    """A bar per shot count on a terminal, one line per shot count otherwise (on stderr)."""
+
+    def __init__(self, num_tasks: int):
+        self.num_tasks, self._bar, self._shots = num_tasks, None, None
+        self._tty, self._start = sys.stderr.isatty(), time.perf_counter()
+
+    def __call__(self, shots: int, done: int) -> None:
+        if shots != self._shots:
+            self.close()
+            self._shots = shots
+            if self._tty:
+                self._bar = tqdm(total=self.num_tasks, desc=f"test {shots} shots", unit="task")
+        if self._bar is not None:
+            self._bar.update(done - self._bar.n)
+        elif done == self.num_tasks:
+            took = time.perf_counter() - self._start
+            print(f"test {shots} shots: {done} tasks in {took:.1f} s", file=sys.stderr)
+        if done == self.num_tasks:
+            self._start = time.perf_counter()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

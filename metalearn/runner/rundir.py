@@ -1,11 +1,15 @@
 """One run per directory: a rerun may resume it, never silently mix another config into it.
 
-The resolved config of a run is stored with its checkpoints (``checkpoints/config.json``: the
-flattened config, its sha256 fingerprint and the history of allowed changes), with a copy of
-Hydra's ``.hydra/`` files. Before a rerun in the same directory writes anything, its config is
-compared with the stored one: a difference is refused in one line naming the keys, unless each
-differing key is listed in ``trainer.allow_changes`` (e.g. ``[trainer.meta_steps]`` to train
-longer). ``trainer.resume=false`` in a directory that holds a run is refused too.
+A :class:`RunDirectory` is opened once per process, before anything is written in it: it takes
+the directory's lock, refuses a path inside another run, files or directories of the wrong kind
+where the run writes, and a config that differs from the one the directory's run was trained
+with (unless each differing key is listed in ``trainer.allow_changes``, e.g.
+``[trainer.meta_steps]`` to train longer). The run's record (``config.yaml``, the ``.hydra/``
+files the command line gave, and ``checkpoints/config.json``: the flattened config, its sha256
+fingerprint and the history of allowed changes) describes the checkpoints: a new directory gets
+it once the run's parts are built; a rerun's replaces it only as its first checkpoint is saved
+(or, with nothing left to train, as it ends), so a rerun refused or interrupted before then
+leaves the directory as it was.
 """
 
 from __future__ import annotations
@@ -13,39 +17,33 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
-import errno
 import fcntl
+import fnmatch
 import hashlib
 import json
 import logging
 import os
-import shutil
 import socket
-import sys
-import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from hydra.core.hydra_config import HydraConfig
-from hydra.experimental.callback import Callback
-from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
-
-from metalearn.config import Config, to_objects
-from metalearn.config_errors import quoted_override
-from metalearn.data.sources import one_line
-from metalearn.tools import (
-    CHECKPOINT_STORES,
-    OTHER_PARTS_OF_A_RUN,
-    RUN_MARKS,
-    RUN_RECORDS,
-    RUN_STORES,
-    holds_a_run,
+from metalearn.config import Config
+from metalearn.errors import one_line
+from metalearn.runner.layout import (
+    RECORD,
+    RunDirectoryError,
+    check_layout,
+    check_outside_stores,
+    check_writable,
+    resume_hint,
+    saved_steps,
 )
 
-RECORD = "config.json"  # under checkpoints/
-HYDRA_COPY = "hydra"  # under checkpoints/: the .hydra/ files of the run the record describes
+log = logging.getLogger("metalearn")
+
+HYDRA_COPY = "hydra"  # under checkpoints/: a copy of the .hydra/ files, read if the others fail
+LOCK = ".lock"  # held (flock) by the process that trains in the directory
 # Keys that change how a run is shown or kept, never what it computes.
 IGNORED = (
     "name",
@@ -59,12 +57,81 @@ IGNORED = (
 )
 
 
-class RunDirectoryError(ValueError):
-    """The run directory holds a run that this config must not continue or replace."""
+class RunDirectory:
+    """The directory of one run: ``open()`` it (once per process, before anything is written),
+    then :meth:`record` the run when the record is due (:attr:`new`: at once; otherwise as the
+    first checkpoint is saved, or the run ends).
+
+    ``files``: the run's record files other than ``checkpoints/config.json``, by path relative
+    to the directory (``config.yaml``, ``.hydra/overrides.yaml``, ...; the command line's
+    composed config and Hydra's record of it); default, ``config.yaml`` written from ``config``.
+    ``sweep_dir``: the directory of the sweep this run is a job of, for the resume hint.
+    ``primary``: whether this process writes (the first of a multi-host run).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        config: Config,
+        files: Mapping[str, str] | None = None,
+        sweep_dir: str | None = None,
+        primary: bool = True,
+    ):
+        self.path, self.config, self.sweep_dir, self.primary = path, config, sweep_dir, primary
+        self.files = dict(files) if files is not None else {"config.yaml": config_yaml(config)}
+        self.changes: dict[str, tuple[Any, Any]] = {}
+        self.new = True  # nothing saved yet: the record is due at once
+        self._recorded = False
+
+    @contextlib.contextmanager
+    def open(self) -> Iterator[RunDirectory]:
+        """Hold the directory (:func:`run_directory_held`, on the primary host) and check it
+        (:func:`check_rerun`): RunDirectoryError, one line, before anything is written."""
+        check_writable(self.path)
+        fresh = _outputs(self.path)[0] is None
+        if fresh:  # no run to race on: a bad config is refused before the lock file is written
+            self.changes = check_rerun(self.config, self.path)
+        with run_directory_held(self.path) if self.primary else contextlib.nullcontext():
+            self.new = _outputs(self.path)[0] is None
+            if not (fresh and self.new):  # a run here, or one saved in the meantime
+                self.changes = check_rerun(self.config, self.path)
+            if self.changes:
+                log.warning(
+                    "resuming with changed settings (allowed by trainer.allow_changes): %s",
+                    ", ".join(f"{k} {a} -> {b}" for k, (a, b) in self.changes.items()),
+                )
+            yield self
+
+    def record(self) -> None:
+        """Write the run's record (once per process; the primary host only)."""
+        if self._recorded or not self.primary:
+            return
+        self._recorded = True
+        for relative, text in self.files.items():
+            write_atomically(os.path.join(self.path, relative), text)
+            if relative.startswith(".hydra/"):  # a second copy, kept with the checkpoints
+                copy = os.path.join(self.path, "checkpoints", HYDRA_COPY, relative[7:])
+                write_atomically(copy, text)
+        write_record(self.config, self.path, self.changes)
+
+    def resume_hint(self) -> str:
+        return resume_hint(self.path, self.sweep_dir)
 
 
-LOCK = ".lock"  # held (flock) by the process that trains in the directory
-_held_locks: dict[str, int] = {}  # real path of a run directory -> descriptor, in this process
+def config_yaml(config: Config) -> str:
+    """``config`` as the YAML of a ``config.yaml`` (what ``metalearn.evaluate`` reads back)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.structured(config))
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all (one temporary file per process)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    partial = f"{path}.{os.getpid()}.tmp"
+    with open(partial, "w") as f:
+        f.write(text)
+    os.replace(partial, path)
 
 
 @contextlib.contextmanager
@@ -75,25 +142,23 @@ def run_directory_held(workdir: str) -> Iterator[None]:
     deleting each other's checkpoints, and the last to finish wrote the directory's records.
 
     The lock is the kernel's (``flock``): released when the process ends, however it ends
-    (``kill -9``, the OOM killer), so a stale lock never blocks a resume. Re-entrant within a
-    process. Where the filesystem has no locks, the run goes on unprotected, with a warning.
+    (``kill -9``, the OOM killer), so a stale lock never blocks a resume. Where the filesystem
+    has no locks, the run goes on unprotected, with a warning.
     """
-    key = os.path.realpath(workdir)
-    if key in _held_locks:
-        yield
-        return
     os.makedirs(workdir, exist_ok=True)
     fd = os.open(os.path.join(workdir, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        message = _in_use_message(workdir, fd)
+        holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
         os.close(fd)
-        restore_hydra_files(workdir)  # Hydra rewrote .hydra/ with this command line
-        raise RunDirectoryError(message) from None
+        raise RunDirectoryError(
+            f"{workdir} is in use: {holder} is training there. Nothing was changed. Wait for it "
+            "to finish (then rerun to resume or extend it), or choose another hydra.run.dir"
+        ) from None
     except OSError as err:  # no locks on this filesystem
         os.close(fd)
-        logging.getLogger("metalearn").warning(
+        log.warning(
             "cannot lock %s (%s): nothing stops a second process training there meanwhile",
             workdir,
             err.strerror,
@@ -103,18 +168,15 @@ def run_directory_held(workdir: str) -> Iterator[None]:
     os.ftruncate(fd, 0)
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     os.write(fd, f"process {os.getpid()} on {socket.gethostname()} (since {started})".encode())
-    _held_locks[key] = fd
     try:
         yield
     finally:
-        del _held_locks[key]
         os.close(fd)  # releases the lock; the file stays (removing it races with a next taker)
 
 
 def flat_config(cfg: Config) -> dict[str, Any]:
     """The config as ``{"dotted.key": value}``, JSON values, without the IGNORED keys.
 
-    >>> from metalearn.config import OptimizerConfig
     >>> flat = flat_config(Config(algorithm={}, model={}, data={}))
     >>> flat["trainer.meta_steps"], "trainer.resume" in flat, "run_name" in flat
     (70000, False, False)
@@ -169,14 +231,21 @@ def check_allowed_changes(allowed: list[str], *flats: dict[str, Any]) -> None:
             )
 
 
-def saved_steps(workdir: str) -> list[int]:
-    """Steps of the checkpoints (``checkpoints/`` and ``best/``) in a run directory."""
-    steps = []
-    for store in ("checkpoints", "best"):
-        path = os.path.join(workdir, store)
-        if os.path.isdir(path):
-            steps += [int(n) for n in os.listdir(path) if n.isdigit()]
-    return sorted(steps)
+def _outputs(workdir: str) -> tuple[str | None, bool]:
+    """What ``workdir`` holds of a run's outputs, in words (None when nothing: a fresh start
+    cannot mix anything), and whether that is a checkpoint or an evaluation."""
+    steps = saved_steps(workdir)
+    if steps:
+        return f"checkpoints up to step {max(steps)}", True
+    if os.path.exists(os.path.join(workdir, "eval.json")):
+        return "a finished evaluation", True
+    evaluations = sorted(fnmatch.filter(os.listdir(workdir), "eval_*.json"))
+    if evaluations:  # metalearn.evaluate's, of a run whose other files are gone
+        return evaluations[0], True
+    metrics = os.path.join(workdir, "metrics.jsonl")
+    if os.path.exists(metrics) and os.path.getsize(metrics) > 0:
+        return "metrics.jsonl, stopped before its first checkpoint", False
+    return None, False
 
 
 def _read_record(path: str) -> dict[str, Any]:
@@ -190,10 +259,13 @@ def _read_record(path: str) -> dict[str, Any]:
 
 def _stored_config(workdir: str) -> dict[str, Any] | None:
     """The flattened config of the run in ``workdir``: from its record, else from the copy of
-    Hydra's config kept with the checkpoints, else from ``config.yaml`` (a run saved before
-    records existed). None when the directory holds none of them; RunDirectoryError when it
-    holds some and none can be read, since a run whose config is unknown must not be resumed
-    by another config."""
+    Hydra's config older versions kept with the checkpoints, else from ``config.yaml``. None
+    when the directory holds none of them; RunDirectoryError when it holds some and none can be
+    read, since a run whose config is unknown must not be resumed by another config."""
+    from omegaconf import OmegaConf
+
+    from metalearn.config import to_objects
+
     record = os.path.join(workdir, "checkpoints", RECORD)
     copies = [
         os.path.join(workdir, "checkpoints", HYDRA_COPY, "config.yaml"),
@@ -231,128 +303,10 @@ def _recorded_changes(workdir: str) -> dict[str, None]:
         return {}
 
 
-def resume_hint(workdir: str) -> str:
-    """What to rerun to resume the run in ``workdir``: the same command with its directory, or,
-    for a job of a Hydra sweep (``-m``), the same sweep command with the sweep's directory
-    (each job resumes from its last checkpoint; a finished job is not trained again)."""
-    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-        sweep_dir = os.path.abspath(str(HydraConfig.get().sweep.dir))
-        return (
-            f"rerun the same sweep command with {quoted_override('hydra.sweep.dir', sweep_dir)} "
-            "to resume its jobs"
-        )
-    return f"rerun the same command with {quoted_override('hydra.run.dir', workdir)} to resume"
-
-
-def no_space_message(err: BaseException, workdir: str) -> str | None:
-    """One line when ``err`` (or an exception it was raised from or while handling) is a full
-    disk, ENOSPC; else None. Orbax and TensorBoard report it from their own threads, wrapped.
-
-    >>> no_space_message(RuntimeError("save failed: [Errno 28] No space left on device"), "R")
-    'no space left on the device that holds R (save failed: [Errno 28] No space left on device); free space there, then rerun the same command with hydra.run.dir=R to resume (from the last checkpoint: checkpoints are saved whole or not at all)'
-    >>> no_space_message(ValueError("shapes do not match"), "R") is None
-    True
-    """  # noqa: E501
-    seen, todo = set(), [err]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in str(e):
-            reason = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
-            return (
-                f"no space left on the device that holds {workdir} ({reason}); free space "
-                f"there, then {resume_hint(workdir)} (from the last checkpoint: checkpoints "
-                "are saved whole or not at all)"
-            )
-        todo += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
-    return None
-
-
 def differences(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """``{key: (old, new)}`` for every key whose value differs (absent counts as None)."""
     keys = sorted(set(old) | set(new))
     return {k: (old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)}
-
-
-def enclosing_store(workdir: str) -> str | None:
-    """The checkpoint store (``checkpoints/`` or ``best/``), ``tensorboard/`` or ``.hydra/`` of
-    another run that ``workdir`` is or lies inside, or None. That run would take ``workdir``
-    for a damaged checkpoint of its own and move it away, or mix it into its own records.
-
-    >>> import tempfile
-    >>> root = tempfile.mkdtemp()
-    >>> os.makedirs(os.path.join(root, "checkpoints"))
-    >>> open(os.path.join(root, "checkpoints", RECORD), "w").close()
-    >>> store = os.path.join(root, "checkpoints")
-    >>> enclosing_store(os.path.join(store, "30")) == store
-    True
-    >>> enclosing_store(os.path.join(root, "tensorboard", "b")) == os.path.join(root, "tensorboard")
-    True
-    >>> enclosing_store(os.path.join(root, "run2")) is None
-    True
-    """
-    path = os.path.abspath(workdir)
-    while True:
-        parent = os.path.dirname(path)
-        if parent == path:
-            return None
-        name = os.path.basename(path)
-        record = os.path.join(parent, "checkpoints", RECORD)
-        if name in CHECKPOINT_STORES and os.path.isfile(record):
-            return path
-        if name in OTHER_PARTS_OF_A_RUN and holds_a_run(parent):
-            return path
-        path = parent
-
-
-def check_outside_stores(directory: str, key: str = "hydra.run.dir") -> None:
-    """Raise RunDirectoryError if ``directory`` (set by ``key``) is or lies inside another
-    run's checkpoint store, ``tensorboard/`` or ``.hydra/`` (:func:`enclosing_store`)."""
-    store = enclosing_store(directory)
-    if store is not None:
-        name = os.path.basename(store)
-        why = OTHER_PARTS_OF_A_RUN.get(
-            name, "that run would take this one for a damaged checkpoint and move it away"
-        )
-        parts = "/, ".join(RUN_STORES)
-        raise RunDirectoryError(
-            f"{key}={directory} lies inside {store}, part of the run in "
-            f"{os.path.dirname(store)}: {why}. Nothing was written. Choose a {key} outside "
-            f"its {parts}/"
-        )
-    # A run in a sweep's directory was tabulated by collect_sweep as one of its jobs; a sweep
-    # in a run's directory put its jobs inside the run.
-    if key == "hydra.run.dir" and os.path.isfile(os.path.join(directory, "multirun.yaml")):
-        raise RunDirectoryError(
-            f"{key}={directory} is a sweep's directory (multirun.yaml): a run there would be "
-            f"taken for one of its jobs. Nothing was written. Choose another {key}"
-        )
-    held = [m for m in RUN_MARKS if os.path.exists(os.path.join(directory, m))]
-    if key == "hydra.sweep.dir" and held:
-        raise RunDirectoryError(
-            f"{key}={directory} holds a run ({', '.join(held)}): the sweep's jobs would be "
-            f"written inside it. Nothing was written. Choose another {key}"
-        )
-
-
-def check_layout(workdir: str) -> None:
-    """RunDirectoryError if a file the run writes in ``workdir`` (``eval.json``,
-    ``metrics.jsonl``, ...) is a directory there, or a directory it writes (``checkpoints/``,
-    ``best/``, ``tensorboard/``) is a file: the run failed with a traceback where it first
-    wrote there (for ``eval.json``, after the whole evaluation)."""
-    files = [name for name in RUN_RECORDS if "*" not in name]
-    directories = [name for name in RUN_STORES if name != ".hydra"]  # Hydra's own, written first
-    wrong_kinds = [(n, os.path.isdir, "a directory", f"its {n} file") for n in files]
-    wrong_kinds += [(n, os.path.isfile, "a file", f"its {n}/ directory") for n in directories]
-    for name, is_wrong_kind, what, where in wrong_kinds:
-        path = os.path.join(workdir, name)
-        if is_wrong_kind(path):
-            raise RunDirectoryError(
-                f"{path} is {what}, where the run keeps {where}. Nothing was changed. Move it "
-                "away, or choose another hydra.run.dir"
-            )
 
 
 def check_rerun(cfg: Config, workdir: str) -> dict[str, tuple[Any, Any]]:
@@ -360,20 +314,12 @@ def check_rerun(cfg: Config, workdir: str) -> dict[str, tuple[Any, Any]]:
     check_outside_stores(workdir)
     check_layout(workdir)
     new = flat_config(cfg)
-    steps = saved_steps(workdir)
-    evaluated = os.path.exists(os.path.join(workdir, "eval.json"))
-    metrics = os.path.join(workdir, "metrics.jsonl")
-    logged = os.path.exists(metrics) and os.path.getsize(metrics) > 0
-    if not (steps or evaluated or logged):
+    held, saved = _outputs(workdir)
+    if held is None:
         check_allowed_changes(cfg.trainer.allow_changes, new)
         return {}  # nothing saved yet: a fresh start cannot mix anything
-    if steps:
-        held = f"checkpoints up to step {max(steps)}"
-    elif evaluated:
-        held = "a finished evaluation"
-    else:
-        held = "metrics.jsonl, stopped before its first checkpoint"
-    if not cfg.trainer.resume and (steps or evaluated):
+    steps = saved_steps(workdir)
+    if not cfg.trainer.resume and saved:
         raise RunDirectoryError(
             f"{workdir} already holds a run ({held}) and trainer.resume=false would mix a new "
             f"run into it: choose a new hydra.run.dir, or drop trainer.resume=false to resume"
@@ -392,8 +338,8 @@ def check_rerun(cfg: Config, workdir: str) -> dict[str, tuple[Any, Any]]:
             f"checkpoints/{RECORD}): a run here would mix with them. Nothing was changed. "
             "Choose a new hydra.run.dir, or move those files away"
         )
-    # Keys of changes already allowed count too: the run (and this check, again when training
-    # starts) goes on with the same command line, whose allow_changes may name a removed key.
+    # Keys of changes already allowed count too: the run goes on with the same command line,
+    # whose allow_changes may name a removed key.
     check_allowed_changes(cfg.trainer.allow_changes, new, stored, _recorded_changes(workdir))
     changed = differences(stored, new)
     refused = {k: v for k, v in changed.items() if not _matches(k, cfg.trainer.allow_changes)}
@@ -423,11 +369,10 @@ def _show(value: Any) -> str:
     return "(absent)" if value is None else json.dumps(value)
 
 
-def record_config(cfg: Config, workdir: str, changed: dict[str, tuple[Any, Any]]) -> None:
-    """Store ``cfg`` (and Hydra's files) with the checkpoints, noting allowed changes."""
-    directory = os.path.join(workdir, "checkpoints")
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, RECORD)
+def write_record(cfg: Config, workdir: str, changed: dict[str, tuple[Any, Any]]) -> None:
+    """Store ``cfg`` with the checkpoints (``checkpoints/config.json``), noting allowed
+    changes in its history."""
+    path = os.path.join(workdir, "checkpoints", RECORD)
     history = []
     if os.path.exists(path):
         with contextlib.suppress(OSError, ValueError):  # a damaged record: its history is lost
@@ -437,139 +382,4 @@ def record_config(cfg: Config, workdir: str, changed: dict[str, tuple[Any, Any]]
             history.append({"from_step": max(steps) if steps else 0, "changed": changed})
     flat = flat_config(cfg)
     record = {"fingerprint": fingerprint(flat), "config": flat, "changes": history}
-    with open(path + ".tmp", "w") as f:
-        json.dump(record, f, indent=1)
-    os.replace(path + ".tmp", path)
-    hydra_dir = os.path.join(workdir, ".hydra")
-    if os.path.isdir(hydra_dir):
-        shutil.copytree(hydra_dir, os.path.join(directory, HYDRA_COPY), dirs_exist_ok=True)
-
-
-@dataclasses.dataclass
-class RunEnding:
-    """How the code inside :func:`record_kept_unless_trained` ended, beyond an exception."""
-
-    interrupted: bool = False  # a signal stopped it (it returned, saying what was saved)
-
-
-@contextlib.contextmanager
-def record_kept_unless_trained(workdir: str) -> Iterator[RunEnding]:
-    """Put the run's recorded config back if the code inside raises, or is interrupted
-    (``ending.interrupted = True``), before saving a checkpoint.
-
-    Hydra rewrites ``.hydra/`` with the command line before the task can check it, and the
-    config of a rerun is recorded (``config.yaml``, ``checkpoints/config.json``, the Hydra
-    files) before the checkpoint is restored and the experiment is built. If anything then
-    refuses it before a new checkpoint is saved (an invalid value, another config,
-    :class:`RunDirectoryError`; the restore finds other shapes,
-    :class:`~metalearn.runner.checkpoints.CheckpointMismatchError`; a value an algorithm
-    refuses, ``algorithm.inner_lr=-0.01`` allowed by ``trainer.allow_changes``), the record is
-    put back as it was: it describes the checkpoints in the directory, and a rerun with the
-    run's own settings resumes without ``trainer.allow_changes``. Once a checkpoint of the new
-    config is saved, the new record stays.
-    """
-    files = [os.path.join(workdir, "config.yaml"), os.path.join(workdir, "checkpoints", RECORD)]
-    saved = {}
-    for path in files:
-        if os.path.exists(path):
-            with open(path, "rb") as f:
-                saved[path] = f.read()
-    steps_before = set(saved_steps(workdir))
-    hydra_copy = os.path.join(workdir, "checkpoints", HYDRA_COPY)
-    backup = tempfile.mkdtemp(prefix="metalearn-hydra-")
-    if os.path.isdir(hydra_copy):
-        shutil.copytree(hydra_copy, backup, dirs_exist_ok=True)
-
-    def put_back_unless_trained() -> None:
-        if set(saved_steps(workdir)) - steps_before:
-            return
-        for path, content in saved.items():
-            with open(path + ".tmp", "wb") as f:
-                f.write(content)
-            os.replace(path + ".tmp", path)
-        if os.path.isdir(hydra_copy):
-            shutil.rmtree(hydra_copy)
-            shutil.copytree(backup, hydra_copy)
-            restore_hydra_files(workdir)
-
-    ending = RunEnding()
-    try:
-        yield ending
-        if ending.interrupted:  # e.g. while compiling, before the first new checkpoint
-            put_back_unless_trained()
-    except Exception:
-        put_back_unless_trained()
-        raise
-    finally:
-        shutil.rmtree(backup, ignore_errors=True)
-
-
-def restore_hydra_files(workdir: str) -> None:
-    """Put back the ``.hydra/`` files of the stored run (after Hydra overwrote them)."""
-    saved = os.path.join(workdir, "checkpoints", HYDRA_COPY)
-    if os.path.isdir(saved):
-        shutil.copytree(saved, os.path.join(workdir, ".hydra"), dirs_exist_ok=True)
-
-
-def _in_use_message(workdir: str, fd: int) -> str:
-    holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
-    return (
-        f"{workdir} is in use: {holder} is training there. Nothing was changed. Wait for it "
-        "to finish (then rerun to resume or extend it), or choose another hydra.run.dir"
-    )
-
-
-def check_not_in_use(workdir: str) -> None:
-    """RunDirectoryError if a process holds ``workdir``'s lock (:func:`run_directory_held`);
-    takes nothing."""
-    try:
-        fd = os.open(os.path.join(workdir, LOCK), os.O_RDONLY)
-    except OSError:  # no lock file: never trained in, or not readable (the task will say)
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise RunDirectoryError(_in_use_message(workdir, fd)) from None
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-class RefuseInsideStores(Callback):
-    """Hydra callback (the first): refuse a run or sweep directory inside another run's
-    checkpoint store before anything creates it."""
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _exit_on_refusal(check_outside_stores, str(config.hydra.sweep.dir), "hydra.sweep.dir")
-
-    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _exit_on_refusal(check_outside_stores, str(config.hydra.run.dir))
-
-
-class GuardRunDirectory(Callback):
-    """Hydra callback: refuse a conflicting rerun before Hydra writes into the run directory.
-
-    (Sweep jobs are checked by the task itself, which puts ``.hydra/`` back when it refuses.)
-    """
-
-    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        workdir = os.path.abspath(str(config.hydra.run.dir))
-        if not os.path.isdir(workdir):
-            return
-        _exit_on_refusal(check_not_in_use, workdir)  # before Hydra rewrites its .hydra/
-        job_keys = [key for key in config if key != "hydra"]  # to_objects refuses other keys
-        try:
-            cfg = to_objects(OmegaConf.masked_copy(config, job_keys))
-        except Exception:  # an invalid config: the task reports it in its own words
-            return
-        _exit_on_refusal(check_rerun, cfg, workdir)
-
-
-def _exit_on_refusal(check: Any, *args: Any) -> None:
-    """Run ``check``; a RunDirectoryError ends the process in one ``error:`` line, exit 2."""
-    try:
-        check(*args)
-    except RunDirectoryError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    write_atomically(path, json.dumps(record, indent=1))

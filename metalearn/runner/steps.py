@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from metalearn.algorithms.base import MetaLearner, TaskContext, context
-from metalearn.core.batching import map_over_tasks, mean_over_tasks, resolve_auto
+from metalearn.core.batching import map_over_tasks, mean_over_tasks
 from metalearn.data.task import TaskFamily
 from metalearn.models.base import Model
 from metalearn.runner.devices import (
@@ -49,38 +49,6 @@ class Trained(NamedTuple):
 
 def trained(state: TrainState) -> Trained:
     return Trained(state.meta_params, state.model_state)
-
-
-def resolve_task_batching(strategy: str, model: Model, *, rl: bool = False) -> str:
-    """Pick how the tasks of a meta-batch are batched, when the config says ``auto``
-    (:func:`~metalearn.core.batching.resolve_auto`).
-
-    On GPUs and TPUs, ``vmap``. On CPU, ``vmap`` for dense models, but ``map`` (one task per
-    loop iteration) for convolutional ones (``Model.is_convolutional``) and for RL task
-    families (``rl``: each task is thousands of policy evaluations): per-task weights under
-    ``vmap`` become batched matrix products and grouped convolutions, which XLA:CPU runs far
-    slower, and one such task is already large enough for the CPU; a Python loop unrolled
-    inside ``jit`` (``unroll``) makes the program 32 times larger and compiles for minutes. So
-    that both cores of a CPU work, a run of a convolutional model started with ``auto`` also
-    splits the tasks across one XLA:CPU device per core
-    (:func:`metalearn.runner.experiment.cpu_devices_for`), each looping over its share.
-    Measured in experiments/benchmarks/.
-    """
-    return resolve_auto(strategy, large_tasks=model.is_convolutional or rl)
-
-
-def resolve_steps_per_call(steps_per_call: int, model: Model) -> int:
-    """Meta-steps fused per jitted call; 0 means auto.
-
-    Auto fuses 100 steps in a ``lax.scan`` (dispatch overhead dominates small models), and
-    10 for convolutional models on CPU, whose steps take long enough that dispatch costs
-    nothing and progress should be reported more often.
-    """
-    if steps_per_call:
-        return steps_per_call
-    if jax.default_backend() == "cpu" and model.is_convolutional:
-        return 10
-    return 100
 
 
 def sample_tasks(

@@ -4,24 +4,22 @@ A job writes ``status.json`` into its directory (``{"status": "ok" | "failed" | 
 "refused", "exit_code": ..., "message": ..., "time": ...}``; a failure also writes ``error.txt``
 with the traceback when there is one). A rerun that the run directory refuses (another config)
 changed nothing in it, so its ``"refused"`` record keeps the job's earlier one as ``"previous"``.
-The :class:`SweepSummary` Hydra callback prints one line per failed job of this sweep at the
-end (a rerun of a sweep directory included) and exits 1 if any failed, so the shell sees it.
+:func:`summarize` gives one line per failed job of a sweep (a rerun of a sweep directory
+included); ``metalearn.train`` prints them at the end of the sweep and exits 1 if any failed.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
-from typing import Any
-
-from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
 
 STATUS = "status.json"
 ERROR_DETAILS = "error.txt"
+# What every job of a sweep leaves in its directory: Hydra's log, opened as the job starts; the
+# run's record of its command line; its status, written as it ends.
+JOB_MARKS = ("train.log", ".hydra", STATUS)
 
 
 def record_job(
@@ -89,20 +87,26 @@ def status_record(record: object) -> dict | None:
     return record if well_formed else None
 
 
+def job_dirs(sweep_dir: Path) -> list[Path]:
+    """The directories of a sweep's jobs (each holds one of :data:`JOB_MARKS`), in order."""
+    return sorted({p.parent for mark in JOB_MARKS for p in sweep_dir.rglob(mark)})
+
+
 def _launched_since(job: Path, status: dict | None, since: float) -> bool:
-    """Whether this sweep ran ``job``: it recorded how it ended (``status``), or Hydra wrote its
-    ``.hydra/`` files (a job killed before recording), after ``since``. (Hydra rewrites those
-    files in place on a rerun, so the directory's own time does not tell.)"""
+    """Whether this sweep ran ``job``: it recorded how it ended (``status``), or Hydra logged
+    its start (a job killed before recording), after ``since``. (A rerun writes into the same
+    files, so the directory's own time does not tell.)"""
     if status is not None and float(status.get("time", 0.0)) >= since:
         return True
-    return any(f.stat().st_mtime >= since for f in (job / ".hydra").glob("*.yaml"))
+    log = job / "train.log"
+    return log.exists() and log.stat().st_mtime >= since
 
 
 def summarize(sweep_dir: Path, since: float = 0.0) -> tuple[list[str], bool]:
     """Summary lines for the jobs under ``sweep_dir`` run after ``since``; any failure?"""
-    job_dirs = sorted(p.parent for p in sweep_dir.rglob(".hydra") if p.is_dir())
-    statuses = {job: read_status(job) for job in job_dirs}
-    jobs = [job for job in job_dirs if _launched_since(job, statuses[job], since)]
+    found = job_dirs(sweep_dir)
+    statuses = {job: read_status(job) for job in found}
+    jobs = [job for job in found if _launched_since(job, statuses[job], since)]
     failed = []
     for job in jobs:
         status = statuses[job]
@@ -115,16 +119,3 @@ def summarize(sweep_dir: Path, since: float = 0.0) -> tuple[list[str], bool]:
             )
     head = f"sweep: {len(jobs) - len(failed)} of {len(jobs)} job(s) succeeded in {sweep_dir}"
     return [head, *failed], bool(failed)
-
-
-class SweepSummary(Callback):
-    """Hydra callback: after a sweep, list its failed jobs and exit 1 if there were any."""
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._start = time.time() - 1.0  # file times have coarse resolution on some systems
-
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        lines, any_failed = summarize(Path(str(config.hydra.sweep.dir)), self._start)
-        print("\n".join(lines), file=sys.stderr if any_failed else sys.stdout)
-        if any_failed:
-            sys.exit(1)

@@ -13,53 +13,11 @@ Benchmarks, PyTorch peers and the reference implementations stay in the reposito
 
 from __future__ import annotations
 
-import argparse
-import fnmatch
 import os
 import sys
-from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import NoReturn
 
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse whose errors (a missing argument, an unknown flag) are one ``error:`` line
-    ending with the usage on one line, exit status 2; plain argparse prints its usage block
-    first.
-
-    >>> parser = OneLineParser(prog="python -m metalearn.tools.x")
-    >>> _ = parser.add_argument("run_dir")
-    >>> parser.one_line_usage()
-    'python -m metalearn.tools.x [-h] run_dir'
-    """
-
-    def one_line_usage(self) -> str:
-        return " ".join(self.format_usage().split()).removeprefix("usage: ")
-
-    def error(self, message: str) -> NoReturn:
-        usage_error(message, self.one_line_usage())
-
-
-def usage_error(message: str, usage: str) -> NoReturn:
-    """A command line its parser refused: one ``error:`` line with the usage, exit status 2
-    (:class:`OneLineParser`, and ``metalearn.train`` for the flags Hydra's parser refuses)."""
-    print(f"error: {message}; usage: {usage}", file=sys.stderr)
-    sys.exit(2)
-
-
-def exit_status(work: Callable[[], object]) -> int:
-    """Run a tool's ``work``: 0 when it finishes; one ``error:`` line and 2 when it raises
-    FileNotFoundError or ValueError (a path or a value the user gave).
-
-    >>> exit_status(lambda: None)
-    0
-    """
-    try:
-        work()
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
+from metalearn.cli import check_output_file
 
 
 def require_matplotlib() -> ModuleType:
@@ -166,88 +124,6 @@ def check_eval_record(record: object) -> None:
     for value in bounds:
         if value is not None and not is_float(value):
             raise ValueError(f"a record with median_ci95 {bounds!r}, not numbers or null")
-
-
-# What a run or sweep directory holds that a tool's output must never replace: its records (by
-# name, in a directory that holds a run) and the stores of Hydra, the checkpoints and TensorBoard.
-RUN_RECORDS = (
-    "config.yaml",
-    "eval.json",
-    "eval_*.json",
-    "metrics.jsonl",
-    "metrics.jsonl.unreadable",
-    "summary.json",
-    "summary.json.unreadable",
-    "status.json",
-    "train.log",
-    "error.txt",
-)
-CHECKPOINT_STORES = ("checkpoints", "best")  # a run's checkpoint stores, under its directory
-# What a run keeps in its other subdirectories, which another run written inside would mix with.
-OTHER_PARTS_OF_A_RUN = {
-    "tensorboard": "its TensorBoard logs would show this run's curves as its own",
-    ".hydra": "Hydra rewrites that run's files there on every start",
-}
-RUN_STORES = (*CHECKPOINT_STORES, *OTHER_PARTS_OF_A_RUN)  # every subdirectory a run writes
-RUN_MARKS = ("config.yaml", ".hydra", "checkpoints", "metrics.jsonl", "eval.json")
-
-
-def holds_a_run(directory: str) -> bool:
-    """Whether ``directory`` holds a run (its config, Hydra files, checkpoints or records)."""
-    return any(os.path.exists(os.path.join(directory, mark)) for mark in RUN_MARKS)
-
-
-def run_record(path: str | os.PathLike, allowed: Sequence[str] = ()) -> str | None:
-    """What ``path`` is when it is an existing file of a run or sweep (``eval.json``, a file
-    under ``checkpoints/``, a sweep's ``multirun.yaml``), in words; None for any other path and
-    for names matching a pattern in ``allowed`` (a tool's own outputs, e.g. ``eval_*.json``).
-
-    >>> run_record("/nonexistent/eval.json") is None
-    True
-    """
-    path = os.path.abspath(os.fspath(path))
-    if not os.path.isfile(path):
-        return None
-    name, directory = os.path.basename(path), os.path.dirname(path)
-    if name == "multirun.yaml":
-        return "a sweep's record of its jobs (multirun.yaml)"
-    if any(fnmatch.fnmatch(name, pattern) for pattern in allowed):
-        return None
-    if any(fnmatch.fnmatch(name, p) for p in RUN_RECORDS) and holds_a_run(directory):
-        return f"a run's own record ({name})"
-    parts = path.split(os.sep)
-    for i, part in enumerate(parts[:-1]):
-        if part in RUN_STORES and holds_a_run(os.sep.join(parts[:i]) or os.sep):
-            return f"inside the run {os.sep.join(parts[:i])}'s {part}/"
-    return None
-
-
-def check_output_file(
-    path: str | os.PathLike,
-    flag: str,
-    example: str,
-    allowed: Sequence[str] = (),
-    note: bool = True,
-) -> None:
-    """Raise ValueError (one line) unless ``path`` can be written as a file that replaces no
-    record of a run (:func:`run_record`); with ``note``, say on stderr when it replaces another
-    existing file.
-    Called before the work, as :func:`metalearn.config.check_writable_file` (which it calls)."""
-    from metalearn.config import check_writable_file
-
-    check_writable_file(path, flag, example)
-    record = run_record(path, allowed)
-    if record is not None:
-        directory = os.path.dirname(os.fspath(path)) or "."
-        while os.path.basename(os.path.abspath(directory)) in RUN_STORES:  # not in .hydra/
-            directory = os.path.dirname(os.path.abspath(directory))
-        shown = os.path.join(directory, example)
-        raise ValueError(
-            f"{flag} {path} is {record}: writing there would destroy it. Nothing was written. "
-            f"Give a new file name, e.g. {shown}"
-        )
-    if note and os.path.isfile(path):
-        print(f"note: {flag} {path} exists: it will be replaced", file=sys.stderr)
 
 
 def check_image_out(out: str | os.PathLike, flag: str, example: str) -> str:

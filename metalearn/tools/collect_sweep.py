@@ -19,8 +19,9 @@ from pathlib import Path
 
 import yaml
 
-from metalearn.runner.sweeps import read_status, status_record
-from metalearn.tools import OneLineParser, check_eval_record, check_output_file
+from metalearn.cli import OneLineParser, check_output_file
+from metalearn.runner.sweeps import job_dirs, read_status, status_record
+from metalearn.tools import check_eval_record
 
 RECORD_COLUMNS = [
     "metric",
@@ -81,8 +82,7 @@ def collect(sweep_dir: Path) -> tuple[list[dict], list[tuple[Path, str]], list[P
     """Rows of every readable run, ``(run_dir, reason)`` for every other one, and the runs
     tabulated without their overrides (no ``.hydra/overrides.yaml``)."""
     rows, missing, unlabelled = [], [], []
-    run_dirs = sorted({p.parent for p in sweep_dir.rglob(".hydra")})
-    for run_dir in run_dirs:
+    for run_dir in job_dirs(sweep_dir):
         records, reason = read_records(run_dir)
         if reason:
             missing.append((run_dir, reason))
@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{run_dir}: {reason}", file=sys.stderr)
         if not missing:
             print(
-                f"error: no run directories (with .hydra/) under {args.sweep_dir}: give a sweep's "
+                f"error: no run directories (with train.log, .hydra/ or status.json) under "
+                f"{args.sweep_dir}: give a sweep's "
                 "output directory, e.g. multirun/NAME/DATE_TIME",
                 file=sys.stderr,
             )

@@ -17,11 +17,10 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from metalearn.cli import OneLineParser, exit_status
 from metalearn.tools import (
-    OneLineParser,
     check_eval_record,
     check_image_out,
-    exit_status,
     is_count,
     is_number,
     require_matplotlib,

@@ -19,14 +19,8 @@ import math
 import sys
 from pathlib import Path
 
-from metalearn.tools import (
-    OneLineParser,
-    check_eval_record,
-    check_image_out,
-    exit_status,
-    require_matplotlib,
-    save_figure,
-)
+from metalearn.cli import OneLineParser, exit_status
+from metalearn.tools import check_eval_record, check_image_out, require_matplotlib, save_figure
 
 require_matplotlib()  # the plot extra: one line and exit 2 without it
 import matplotlib.pyplot as plt  # noqa: E402

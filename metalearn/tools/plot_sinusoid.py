@@ -14,22 +14,21 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from metalearn.tools import (
-    OneLineParser,
-    check_image_out,
-    exit_status,
-    require_matplotlib,
-    save_figure,
-)
+from metalearn.cli import OneLineParser, exit_status
+from metalearn.tools import check_image_out, require_matplotlib, save_figure
 
 require_matplotlib()  # the plot extra: one line and exit 2 without it
 import matplotlib.pyplot as plt  # noqa: E402
 
 from metalearn.algorithms.base import context  # noqa: E402
 from metalearn.data.sinusoid import sample_sinusoid_task  # noqa: E402
-from metalearn.evaluate import load_run_config  # noqa: E402
 from metalearn.runner.devices import out_of_memory_message  # noqa: E402
-from metalearn.runner.loop import load_for_evaluation  # noqa: E402
+from metalearn.runner.saved_run import load_run  # noqa: E402
+
+
+def _check_sinusoid(run_dir: str, cfg) -> None:
+    if cfg.data.name != "sinusoid":
+        raise ValueError(f"{run_dir} is a {cfg.data.name} run, not a sinusoid one")
 
 
 def plot(
@@ -38,10 +37,8 @@ def plot(
     if not (run_dir / "config.yaml").exists():
         raise FileNotFoundError(f"{run_dir} has no config.yaml: is it a metalearn run directory?")
     # As evaluate reads it: an empty, half-written or corrupt file is one line (a traceback).
-    cfg = load_run_config(str(run_dir), [])
-    if cfg.data.name != "sinusoid":
-        raise ValueError(f"{run_dir} is a {cfg.data.name} run, not a sinusoid one")
-    runner, trained = load_for_evaluation(cfg, str(run_dir), "best")
+    runner, trained = load_run(str(run_dir), "best", check=_check_sinusoid)
+    cfg = runner.cfg
     meta_params, ctx = trained.meta_params, context(trained.model_state)
     runner.close()
     d = cfg.data

@@ -143,10 +143,13 @@ def test_a_rate_passed_as_data_is_the_rate_the_learner_is_built_with(name):
     for rate in (0.003, 0.02):
         passed = compiled(np.float32(rate))
         rebuilt, _ = build(name, **overrides, inner_lr=rate)
-        own = rebuilt.task_grad(meta_params, task, CTX)[0], rebuilt.evaluate(
-            meta_params, task, CTX, (0, 1)
+        own = (
+            rebuilt.task_grad(meta_params, task, CTX)[0],
+            rebuilt.evaluate(meta_params, task, CTX, (0, 1)),
         )
-        for x, y in zip(jax.tree_util.tree_leaves(passed), jax.tree_util.tree_leaves(own)):
+        for x, y in zip(
+            jax.tree_util.tree_leaves(passed), jax.tree_util.tree_leaves(own), strict=True
+        ):
             np.testing.assert_allclose(x, y, rtol=2e-6, atol=1e-7)
     assert len(traces) == 1  # one trace, one compilation, for both rates
 

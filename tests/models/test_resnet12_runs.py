@@ -25,10 +25,9 @@ import tensorflow_datasets as tfds
 
 from metalearn.algorithms.base import context
 from metalearn.config import to_objects
-from metalearn.runner.experiment import build_experiment
 from metalearn.runner.loop import train_and_evaluate
 from metalearn.runner.steps import sample_tasks
-from tests.conftest import compose_config
+from tests.conftest import compose_config, experiment_of
 from tests.data.test_task_registry import fake_data_source
 
 MOCK_SHAPE = (32, 32, 3)
@@ -77,7 +76,7 @@ def test_tiny_run_on_mock_miniimagenet(algorithm, tmp_path):
 
 def build(algorithm: str, data_dir: str, *extra: str):
     with mock_miniimagenet():
-        return build_experiment(config(algorithm, data_dir, *extra))
+        return experiment_of(config(algorithm, data_dir, *extra))
 
 
 def stats_leaves(state) -> list[np.ndarray]:

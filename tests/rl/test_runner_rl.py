@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from metalearn.algorithms.base import TaskContext
-from metalearn.algorithms.base import context
+from metalearn.algorithms.base import TaskContext, context
 from metalearn.config import to_objects
 from metalearn.data.task import Task
 from metalearn.rl.algorithm import MAMLRLAlgorithmConfig, meta_rl_config
@@ -24,11 +23,10 @@ from metalearn.rl.probe import adaptation_rollouts, load_trained_policy, probe_t
 from metalearn.rl.rollout import episode_returns
 from metalearn.rl.trpo import TRPOConfig
 from metalearn.runner.checkpoints import CheckpointStore
-from metalearn.runner.experiment import build_experiment
 from metalearn.runner.loop import train_and_evaluate
 from metalearn.runner.steps import trained
 from tests.cli import RL_TINY, error_line, run_cli
-from tests.conftest import compose_config, restore_latest_state
+from tests.conftest import compose_config, experiment_of, restore_latest_state
 
 # The probes' first held-out goal and key (recorded from metalearn.rl.probe.probe_tasks).
 PROBE_TASK_0 = [0.10666704, 0.21323586]
@@ -110,7 +108,7 @@ def test_random_baseline_evaluates_the_initialisation_maml_starts_from(tmp_path)
     summary = train_and_evaluate(cfg, str(tmp_path))
     assert summary["step"] == 0 and not summary["interrupted"]
     assert [r["steps"] for r in summary["eval"]] == [0, 1, 2, 3]
-    maml_start = build_experiment(rl_config()).initial_state
+    maml_start = experiment_of(rl_config()).initial_state
     store = CheckpointStore(str(tmp_path / "best"), 1)
     evaluated, metadata = store.restore_intact(trained(maml_start))
     store.close()
@@ -130,7 +128,7 @@ def test_probe_loads_the_runs_policy_and_its_evaluation_inner_loop(cli_run):
         np.testing.assert_array_equal(a, b)
     init = load_trained_policy(str(cli_run), "init", num_steps=1)
     assert (init.which, init.step, init.inner.num_steps) == ("init", 0, 1)
-    start = build_experiment(cfg).initial_state.meta_params
+    start = experiment_of(cfg).initial_state.meta_params
     for a, b in zip(jax.tree.leaves(init.params), jax.tree.leaves(start), strict=True):
         np.testing.assert_array_equal(a, b)
 
@@ -145,7 +143,7 @@ def test_probe_adapts_as_the_runs_evaluation_does(tmp_path):
     assert inner.discount == 0.9
     # Its batches' mean returns are the returns the run's evaluation (eval.json) computes for
     # the same task and key.
-    exp = build_experiment(rl_config(*overrides))
+    exp = experiment_of(rl_config(*overrides))
     tasks, keys = probe_tasks(policy.env, 2)
     for key, task in zip(keys, tasks, strict=True):
         trajs, _ = jax.jit(lambda k, t: adaptation_rollouts(policy, k, t))(key, task)
@@ -271,8 +269,8 @@ def test_data_horizon_sets_the_episode_length():
     """data.horizon=7 shortens every rollout the run samples; 0 keeps the environment's own."""
     from metalearn.rl.rollout import rollouts
 
-    short = build_experiment(rl_config("data.horizon=7")).objective
-    own = build_experiment(rl_config()).objective
+    short = experiment_of(rl_config("data.horizon=7")).objective
+    own = experiment_of(rl_config()).objective
     assert (short.env.horizon, own.env.horizon) == (7, 100)
     params, _ = short.model.init(jax.random.key(0))
     task = short.env.sample_tasks(jax.random.key(1), 1)[0]
@@ -364,7 +362,7 @@ UNUSED = "unused with algorithm.inner_steps=0 (the pretrained baseline)"
 def test_inner_steps_0_warns_once_of_the_settings_it_leaves_unused(overrides, warned, caplog):
     # Not refused: a sweep over algorithm.inner_steps=0,1 with algorithm.inner_lr=0.05 must run.
     with caplog.at_level(logging.WARNING, logger="metalearn"):
-        exp = build_experiment(rl_config(*overrides))
+        exp = experiment_of(rl_config(*overrides))
         # The runner builds the learner once and passes its inner rate into the compiled step
         # as data: tracing the step again, at another rate, warns no more.
         task = exp.tasks.sample(exp.tasks.splits["train"], jax.random.key(0), 1)

@@ -13,7 +13,7 @@ import pytest
 from metalearn.data.task import Task, TaskFamily, family_objective
 from metalearn.models.base import ModelParts, model_from_flax
 from metalearn.models.mlp import MLP
-from metalearn.runner.experiment import check_parameters
+from metalearn.runner.preflight import check_parameters
 
 
 class NoParameters(nn.Module):

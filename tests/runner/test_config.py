@@ -10,9 +10,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from metalearn.config import to_objects
-from metalearn.runner.experiment import build_experiment
 from tests.cli import checkout_env
-from tests.conftest import EXPERIMENTS, compose_config
+from tests.conftest import EXPERIMENTS, compose_config, experiment_of
 
 
 def test_there_are_experiments():
@@ -167,7 +166,7 @@ def test_cli_reports_an_unwritable_output_directory(tmp_path):
 # same moment as the others.
 CHECKING = """
 import sys, time
-from metalearn.config import check_writable
+from metalearn.runner.layout import check_writable
 start = float(sys.argv[2])
 time.sleep(max(0.0, start - time.time()))
 while time.time() < start + 1.5:
@@ -209,7 +208,7 @@ def test_the_recommended_schedule_reaches_the_optimizer():
     overrides = ["+experiment=sinusoid_maml", "algorithm=mamlpp", "trainer.meta_steps=100"]
     for extra in ([], ["optimizer.warmup_steps=20"]):
         cfg = to_objects(compose_config(overrides + extra))
-        exp = build_experiment(cfg)
+        exp = experiment_of(cfg)
         params = {"w": jnp.zeros(3)}
         grads = {"w": jnp.ones(3)}  # constant gradient: each Adam update is -lr(t) exactly
         state = exp.optimizer.init(params)
@@ -274,7 +273,7 @@ def test_non_finite_settings_are_refused(overrides, message):
 def test_policy_scales_beyond_float32_are_refused(override, message):
     rl = ["+experiment=rl_nav2d_maml", "+debug=tiny", "model.hidden_sizes=[8]"]
     with pytest.raises(ValueError, match=re.escape(message)):
-        build_experiment(to_objects(compose_config([*rl, override])))
+        experiment_of(to_objects(compose_config([*rl, override])))
 
 
 @pytest.mark.parametrize(
@@ -301,11 +300,11 @@ def test_maml_rl_with_trpo_refuses_optimizer_settings_it_would_ignore():
     # TRPO's step is bounded by algorithm.max_kl; optimizer.lr=1e30 ran and changed nothing.
     rl = ["+experiment=rl_nav2d_maml", "+debug=tiny", "model.hidden_sizes=[8]"]
     with pytest.raises(ValueError, match=r"optimizer.lr=1e\+30 would have no effect"):
-        build_experiment(to_objects(compose_config([*rl, "optimizer.lr=1e30"])))
+        experiment_of(to_objects(compose_config([*rl, "optimizer.lr=1e30"])))
     # the optimizer's name too: optimizer.name=sgd ran as the default did
     with pytest.raises(ValueError, match=r"optimizer.name=sgd would have no effect"):
-        build_experiment(to_objects(compose_config([*rl, "optimizer.name=sgd"])))
-    build_experiment(to_objects(compose_config([*rl, "algorithm.outer=ppo", "optimizer.lr=0.01"])))
+        experiment_of(to_objects(compose_config([*rl, "optimizer.name=sgd"])))
+    experiment_of(to_objects(compose_config([*rl, "algorithm.outer=ppo", "optimizer.lr=0.01"])))
 
 
 @pytest.mark.parametrize(
@@ -326,7 +325,7 @@ def test_maml_rl_refuses_settings_of_the_outer_step_it_does_not_take(overrides, 
     # Accepted and ignored: PPO never reads TRPO's settings, nor TRPO PPO's.
     rl = ["+experiment=rl_nav2d_maml", "+debug=tiny", "model.hidden_sizes=[8]"]
     with pytest.raises(ValueError, match=re.escape(message)):
-        build_experiment(to_objects(compose_config([*rl, *overrides])))
-    build_experiment(
+        experiment_of(to_objects(compose_config([*rl, *overrides])))
+    experiment_of(
         to_objects(compose_config([*rl, "algorithm.outer=ppo", "algorithm.ppo_clip=0.1"]))
     )

@@ -11,8 +11,7 @@ import pytest
 from metalearn.config import Config, DistributedConfig, TrainerConfig
 from metalearn.models.conv4 import Conv4Config
 from metalearn.models.mlp import MLPConfig
-from metalearn.runner.cpu_backend import auto_cpu_devices
-from metalearn.runner.experiment import cpu_devices_for
+from metalearn.runner.cpu_backend import auto_cpu_devices, cpu_devices_for
 from tests.cli import checkout_env
 
 
@@ -89,7 +88,7 @@ def test_serial_lapack_scheduling_lets_concurrent_batched_solves_complete():
 
 def test_runs_on_locomotion_environments_ask_for_serial_lapack_scheduling():
     from metalearn.rl.family import RLTasksConfig
-    from metalearn.runner.experiment import needs_serial_lapack
+    from metalearn.runner.cpu_backend import needs_serial_lapack
 
     envs = ("nav2d", "cheetah_dir", "cheetah_vel", "ant_dir")
     assert [needs_serial_lapack(Config(data=RLTasksConfig(env=e))) for e in envs] == [

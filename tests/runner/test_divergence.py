@@ -15,11 +15,10 @@ from metalearn.data.task import Task, TaskFamily
 from metalearn.models.base import ModelParts
 from metalearn.registry import MODELS, TASKS
 from metalearn.runner.divergence import divergence_advice
-from metalearn.runner.experiment import build_experiment
 from metalearn.runner.loop import NonFiniteError, train_and_evaluate
 from metalearn.runner.steps import trained
 from tests.cli import TINY
-from tests.conftest import compose_config
+from tests.conftest import compose_config, experiment_of
 
 
 @dataclasses.dataclass
@@ -69,8 +68,8 @@ def config(*overrides):
 
 
 def advice(cfg):
-    exp = build_experiment(cfg)
-    return divergence_advice(cfg, exp, exp.tasks.splits["train"], None, trained(exp.initial_state))
+    exp = experiment_of(cfg)
+    return divergence_advice(exp, exp.tasks.splits["train"], trained(exp.initial_state))
 
 
 def test_nan_in_the_data_is_named_not_a_learning_rate():

@@ -19,7 +19,7 @@ import pytest
 from metalearn.runner.checkpoints import CheckpointStore
 from metalearn.runner.rundir import differences
 from tests.cli import RL_TINY, checkout_env
-from tests.conftest import restore_latest_state
+from tests.conftest import restore_latest_state, runner_of
 
 TINY = ["+experiment=sinusoid_maml", "+debug=tiny"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -414,10 +414,9 @@ def test_nan_message_names_the_newest_intact_checkpoint(run_copy):
     from omegaconf import OmegaConf
 
     from metalearn.config import to_objects
-    from metalearn.runner.loop import Runner
 
     _flip(_data_file(run_copy / "checkpoints" / "4"))
-    runner = Runner(to_objects(OmegaConf.load(run_copy / "config.yaml")), str(run_copy))
+    runner = runner_of(to_objects(OmegaConf.load(run_copy / "config.yaml")), run_copy)
     message = str(runner.non_finite(6, "parameters"))
     runner.close()
     assert f"last intact checkpoint: step 2 in {run_copy / 'checkpoints'}" in message

@@ -14,13 +14,12 @@ from metalearn.algorithms.maml import maml
 from metalearn.core import batching as task_batching
 from metalearn.data.episodes import episode_distribution
 from metalearn.data.task import family_objective
-from metalearn.models.base import model_from_flax, stateless
+from metalearn.models.base import model_from_flax
 from metalearn.models.conv4 import CONV4_PARTS, Conv4Config, conv4
 from metalearn.runner.steps import (
     TrainState,
     make_meta_step,
     make_meta_train_step,
-    resolve_task_batching,
 )
 
 
@@ -61,22 +60,6 @@ def test_every_task_batching_gives_the_same_meta_step(conv):
             np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-6)
     moved = jax.tree_util.tree_map(lambda a, b: jnp.abs(a - b).max(), results["map"][0], state)
     assert float(max(jax.tree_util.tree_leaves(moved.meta_params))) > 0  # a real step
-
-
-def test_cpu_default_batching_is_map_for_conv_models_and_rl_and_vmap_for_dense(monkeypatch):
-    """The model declares whether it is convolutional; parameter shapes say nothing. RL tasks
-    (thousands of policy evaluations each) loop on a CPU whatever the policy."""
-    conv_params = stateless(lambda k: {"w": jnp.zeros((4, 4))}, None, is_convolutional=True)
-    dense_params = stateless(lambda k: {"w": jnp.zeros((3, 3, 1, 4))}, None)
-    monkeypatch.setattr(task_batching.jax, "default_backend", lambda: "cpu")
-    assert resolve_task_batching("auto", conv_params) == "map"
-    assert resolve_task_batching("auto", dense_params) == "vmap"
-    assert resolve_task_batching("auto", dense_params, rl=True) == "map"
-    assert resolve_task_batching("unroll", conv_params) == "unroll"
-    assert resolve_task_batching("vmap", dense_params, rl=True) == "vmap"
-    monkeypatch.setattr(task_batching.jax, "default_backend", lambda: "gpu")
-    assert resolve_task_batching("auto", conv_params) == "vmap"
-    assert resolve_task_batching("auto", dense_params, rl=True) == "vmap"
 
 
 def test_mean_over_tasks_handles_pytrees_and_integer_metrics():

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from metalearn.config import to_objects
-from metalearn.runner.loop import Runner
+from metalearn.runner.run import Runner
 from metalearn.runner.steps import make_multi_step, trained
 from tests.cli import TINY
-from tests.conftest import compose_config
+from tests.conftest import compose_config, runner_of
 
 SAME_PROGRAM = {
     "seed": ["seed=7"],
@@ -25,14 +25,14 @@ SAME_PROGRAM = {
 
 def runner(tmp_path, overrides: list[str]) -> Runner:
     cfg = to_objects(compose_config([*TINY, *overrides]))
-    return Runner(cfg, str(tmp_path / "_".join(overrides).replace("=", "-")))
+    return runner_of(cfg, tmp_path / "_".join(overrides).replace("=", "-"))
 
 
 def programs(run: Runner) -> tuple[str, str]:
     """The lowered training call (2 fused steps) and evaluation call, as text."""
     train = run.lower(run.initial_state, 2).as_text()
     keys = jax.random.split(jax.random.key(0), 2)
-    evaluate = run._eval_step.lower(
+    evaluate = run.eval_step.lower(
         trained(run.initial_state), run.splits["val"], keys, 5, run.hyper.learner
     ).as_text()
     return train, evaluate

@@ -14,19 +14,16 @@ from omegaconf import OmegaConf
 
 from metalearn.config import to_objects
 from metalearn.runner.checkpoints import CheckpointStore
-from metalearn.runner.experiment import build_experiment
 from metalearn.runner.loop import (
     PROCESS_KEYS,
     NonFiniteError,
-    Runner,
     chunk_length,
-    load_for_evaluation,
     train_and_evaluate,
 )
 from metalearn.runner.rundir import saved_steps
 from metalearn.runner.steps import trained
 from tests.cli import checkout_env, run_cli, run_tool
-from tests.conftest import compose_config, restore_latest_state
+from tests.conftest import compose_config, experiment_of, restore_latest_state, runner_of
 
 TINY = ["+experiment=sinusoid_maml", "+debug=tiny"]
 
@@ -148,7 +145,7 @@ def test_signal_saves_a_usable_checkpoint_and_resume_matches(tmp_path, signum):
     stopped_at = store.latest_step()
     assert stopped_at is not None and 0 < stopped_at < 100000 and stopped_at % 10 == 0
     cfg = to_objects(OmegaConf.load(run_dir / "config.yaml"))
-    state, _ = store.restore(build_experiment(cfg).initial_state)
+    state, _ = store.restore(experiment_of(cfg).initial_state)
     assert int(state.step) == stopped_at
     # Finishing a few steps later from that checkpoint equals a straight run of the same length.
     target = stopped_at + 20
@@ -231,7 +228,7 @@ def test_nan_stops_with_a_clear_error_and_saves_nothing_non_finite(tmp_path):
     assert "optimizer.lr" in str(err.value)
     store = CheckpointStore(str(tmp_path / "checkpoints"), 2)
     if store.latest_step() is not None:
-        state, _ = store.restore(build_experiment(cfg).initial_state)
+        state, _ = store.restore(experiment_of(cfg).initial_state)
         assert all(np.all(np.isfinite(x)) for x in jax.tree_util.tree_leaves(state.meta_params))
 
 
@@ -258,9 +255,7 @@ def test_multirun_sweep_and_gather(tmp_path):
 
 
 def test_no_host_to_device_copy_per_meta_step(tmp_path):
-    from metalearn.runner.loop import Runner
-
-    runner = Runner(tiny_config(), str(tmp_path))
+    runner = runner_of(tiny_config(), tmp_path)
     state = runner.initial_state
     state, _ = runner.train_call(state, 2)  # compile outside the guard
     with jax.transfer_guard_host_to_device("disallow"):
@@ -293,15 +288,17 @@ def test_saved_checkpoint_is_evaluated_on_its_own(tmp_path):
 def test_load_for_evaluation_gives_the_untrained_initialisation_as_init(tmp_path):
     cfg = tiny_config()
     train_and_evaluate(cfg, str(tmp_path / "run"))
-    runner, init = load_for_evaluation(cfg, str(tmp_path / "run"), "init")
+    runner = runner_of(cfg, tmp_path / "run")
+    init = runner.load("init")
     assert (runner.loaded, runner.loaded_step) == ("init", 0)
     runner.close()
-    fresh = Runner(cfg, str(tmp_path / "fresh"))  # an empty directory: its own initial draw
+    fresh = runner_of(cfg, tmp_path / "fresh")  # an empty directory: its own initial draw
     expected = trained(fresh.initial_state)
     fresh.close()
     for got, want in zip(jax.tree.leaves(init), jax.tree.leaves(expected), strict=True):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-    runner, latest = load_for_evaluation(cfg, str(tmp_path / "run"), "latest")
+    runner = runner_of(cfg, tmp_path / "run")
+    latest = runner.load("latest")
     runner.close()
     assert runner.loaded == "latest" and runner.loaded_step > 0
     pairs = zip(jax.tree.leaves(init.meta_params), jax.tree.leaves(latest.meta_params), strict=True)

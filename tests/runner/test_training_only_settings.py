@@ -14,10 +14,9 @@ import pytest
 import tensorflow_datasets as tfds
 
 from metalearn.config import Config, to_objects, training_only_reason
-from metalearn.runner.loop import Runner
 from metalearn.runner.steps import trained
 from tests.cli import RL_TINY
-from tests.conftest import compose_config
+from tests.conftest import compose_config, runner_of
 from tests.data.test_task_registry import IMAGE_SHAPES, fake_data_source
 
 # A value other than every config's default, for each setting some config declares read in
@@ -105,7 +104,7 @@ def evaluate_init(overrides: list[str], params, workdir) -> tuple[list[dict], ob
     """The test records of ``params`` (or, when None, of the run's own initialisation) under
     the config of ``overrides``, and those parameters."""
     cfg = to_objects(compose_config(overrides))
-    runner = Runner(cfg, str(workdir))
+    runner = runner_of(cfg, workdir)
     try:
         params = trained(runner.initial_state) if params is None else params
         return runner.evaluate(params, "test", 4), params

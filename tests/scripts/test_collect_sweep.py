@@ -52,7 +52,9 @@ def test_a_run_with_corrupt_overrides_is_listed_and_the_rest_tabulated(tmp_path)
 
 def test_a_directory_without_runs_is_one_error_line(tmp_path):
     result = run_tool("collect_sweep", str(tmp_path))
-    error_line(result, f"no run directories (with .hydra/) under {tmp_path}")
+    error_line(
+        result, f"no run directories (with train.log, .hydra/ or status.json) under {tmp_path}"
+    )
     # Runs, none with a readable eval.json: each listed, then one error line, exit 2.
     (tmp_path / "0_x" / ".hydra").mkdir(parents=True)
     result = run_tool("collect_sweep", str(tmp_path))

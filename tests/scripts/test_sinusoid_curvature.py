@@ -13,10 +13,9 @@ from omegaconf import OmegaConf
 from metalearn import hessian
 from metalearn.config import to_objects
 from metalearn.runner.evaluation import evaluation_keys
-from metalearn.runner.experiment import build_experiment
 from metalearn.runner.loop import train_and_evaluate
 from metalearn.runner.steps import sample_tasks_from_keys
-from tests.conftest import compose_config
+from tests.conftest import compose_config, experiment_of
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
@@ -41,7 +40,7 @@ def test_curvature_at_step_zero_equals_the_full_hessian_and_the_plot_draws(tmp_p
     assert [r["step"] for r in rows] == [0, 2, 4]
     # Independent: the largest eigenvalue of the full 1761 x 1761 Hessian of the support loss
     # of the one validation task, at the initial parameters.
-    exp = build_experiment(cfg)
+    exp = experiment_of(cfg)
     task = sample_tasks_from_keys(
         exp.tasks, exp.tasks.splits["val"], evaluation_keys(cfg.eval.seed, "val", 5, 1), 5
     )

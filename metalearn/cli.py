@@ -1,0 +1,332 @@
+"""What the command-line entries share: their one-line errors and their command lines.
+
+Every bad input to ``metalearn.train``, ``metalearn.evaluate`` and the tools ends in one
+``error:`` line and exit status 2, saying what is wrong and what to do. Hydra reports a misspelt
+key, a value of the wrong type or an unknown group option in six to forty lines, and its advice
+for a misspelt key ("To append to your config use +data.horizn=...") adds the key to the
+config, where nothing reads it; argparse prints its usage block first. This module words them
+(:func:`composition_error_message`, :class:`OneLineParser`), refuses what Hydra would run
+wrongly before it starts (:func:`command_line_problem`, :func:`check_flags`), and checks an
+output file before the work whose result it would hold (:func:`check_output_file`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from metalearn.config.compose import RENAMED, name_key_group, selectable
+from metalearn.registry import GROUPS
+from metalearn.runner.layout import RUN_STORES, run_record
+
+
+def group_name_override(key: str, value: str) -> str | None:
+    """What is wrong with setting a config group's ``name`` key (``algorithm.name=reptile``):
+    the group's option sets it, with its settings; None for any other key.
+
+    >>> group_name_override("algorithm.name", "reptile")
+    'algorithm.name=reptile: choose the algorithm with algorithm=reptile (its option sets its name and settings)'
+    >>> group_name_override("name", "mine") is None
+    True
+    """  # noqa: E501
+    group = name_key_group(key)
+    if group:
+        return (
+            f"{key.lstrip('+~')}={value}: choose the {group} with {group}={value} (its option "
+            "sets its name and settings)"
+        )
+    return None
+
+
+def command_line_problem(argv: Sequence[str], experiments: Sequence[str]) -> str | None:
+    """The first override of ``argv`` that selects what is no option: a ``base_*`` experiment
+    (the parts experiments share; it ran as an experiment of its own, or failed to compose) or a
+    group's ``name`` key (:func:`group_name_override`); None when there is none. ``experiments``
+    are the selectable experiments, for the message.
+
+    >>> command_line_problem(["+experiment=base_sinusoid"], ["sinusoid_maml"])
+    'experiment=base_sinusoid holds what several experiments share and is not one to run; choose one of: sinusoid_maml'
+    >>> command_line_problem(["+experiment=sinusoid_maml", "seed=1"], ["sinusoid_maml"]) is None
+    True
+    """  # noqa: E501
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if not sep:
+            continue
+        if key.lstrip("+~") == "experiment":
+            for name in value.split(","):
+                if name.strip().startswith("base_"):
+                    return (
+                        f"experiment={name.strip()} holds what several experiments share and is "
+                        f"not one to run; choose one of: {', '.join(experiments)}"
+                    )
+        problem = group_name_override(key, value)
+        if problem:
+            return problem
+    return None
+
+
+def renamed_key_errors(overrides: list[str]) -> list[str]:
+    """One message per command-line override that uses a renamed key.
+
+    >>> renamed_key_errors(["seed=1", "algorithm.num_steps=5"])
+    ['algorithm.num_steps was renamed algorithm.inner_steps']
+    """
+    errors = []
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if "=" in override and key in RENAMED:
+            errors.append(f"{key} was renamed {RENAMED[key]}")
+    return errors
+
+
+def unset_part_errors(overrides: list[str], groups: list[str]) -> list[str]:
+    """One message per override that leaves the run without a part it needs: a config group
+    set to ``null`` (``algorithm=null``) or a top-level entry deleted (``~algorithm``,
+    ``~seed``); Hydra and OmegaConf failed on these with 40-70-line tracebacks.
+
+    >>> for line in unset_part_errors(["model=null", "~seed", "~eval.shots"], ["model"]):
+    ...     print(line)
+    model=null: a run needs a model; choose one (model=NAME: --help lists them)
+    ~seed: seed cannot be deleted, a run needs it; set it instead (seed=...)
+    """
+    errors = []
+    for override in overrides:
+        key, eq, value = override.partition("=")
+        name = key.lstrip("+")
+        if eq and name in groups and value.strip().lower() in ("null", "none", "~"):
+            if name in OPTIONAL_GROUPS:
+                errors.append(f"{name}=null: to run without {name}, leave the override out")
+                continue
+            errors.append(
+                f"{name}=null: a run needs {'an' if name[0] in 'aeiou' else 'a'} {name}; "
+                f"choose one ({name}=NAME: --help lists them)"
+            )
+        elif key.startswith("~") and "." not in key and key != "~":
+            name = key[1:]
+            errors.append(
+                f"~{name}: {name} cannot be deleted, a run needs it; set it instead ({name}=...)"
+            )
+    return errors
+
+
+OPTIONAL_GROUPS = ("experiment", "debug")  # appended with +NAME=..., absent by default
+
+
+def exit_on_renamed_keys(argv: list[str], groups: Sequence[str] = ()) -> None:
+    """Print ``error: ...`` and exit 2 if an override in ``argv`` uses a renamed key, or
+    leaves out a part a run needs (:func:`unset_part_errors`; ``groups``: the config groups)."""
+    errors = renamed_key_errors(argv) + unset_part_errors(argv, list(groups))
+    if errors:
+        print(f"error: {'; '.join(errors)}", file=sys.stderr)
+        sys.exit(2)
+
+
+# --- the training command line, before Hydra reads it ---------------------------------------
+
+TRAIN_USAGE = (
+    "python -m metalearn.train [-m] +experiment=NAME [key=value ...] (--hydra-help lists "
+    "Hydra's flags)"
+)
+# Hydra's flags that take no value; argparse refuses them between two overrides.
+BARE_FLAGS = ("-m", "--multirun", "--resolve")
+
+
+def bare_flags_first(argv: list[str]) -> list[str]:
+    """``argv`` with Hydra's value-less flags moved before the overrides.
+
+    >>> bare_flags_first(["+experiment=sinusoid_maml", "-m", "seed=0,1"])
+    ['-m', '+experiment=sinusoid_maml', 'seed=0,1']
+    """
+    return [a for a in argv if a in BARE_FLAGS] + [a for a in argv if a not in BARE_FLAGS]
+
+
+def debug_after_experiment(argv: list[str]) -> list[str]:
+    """``argv`` with ``+debug=...`` after ``+experiment=...``: Hydra merges the appended groups
+    in command-line order, so a debug preset written first was overwritten by the experiment,
+    silently (``+debug=tiny +experiment=sinusoid_maml`` ran the full 70,000 steps in a
+    directory named ``...-debug=tiny``).
+
+    >>> debug_after_experiment(["+debug=tiny", "+experiment=sinusoid_maml", "seed=1"])
+    ['+experiment=sinusoid_maml', '+debug=tiny', 'seed=1']
+    """
+    debug = [a for a in argv if a.lstrip("+").startswith("debug=")]
+    rest = [a for a in argv if a not in debug]
+    experiments = [i for i, a in enumerate(rest) if a.lstrip("+").startswith("experiment=")]
+    if not debug or not experiments or argv.index(debug[0]) > argv.index(rest[experiments[-1]]):
+        return argv
+    return rest[: experiments[-1] + 1] + debug + rest[experiments[-1] + 1 :]
+
+
+def check_flags(argv: list[str]) -> None:
+    """One ``error:`` line and exit 2 for a flag Hydra's command line does not take (Hydra's
+    argparse prints its usage block): the flags of ``--hydra-help``, parsed as Hydra does."""
+    if any(a in ("-h", "--help", "--hydra-help", "--version") for a in argv):
+        return  # Hydra prints these itself
+    parser = OneLineParser(usage=TRAIN_USAGE, add_help=False)
+    parser.add_argument("overrides", nargs="*")
+    parser.add_argument("--cfg", "-c", choices=["job", "hydra", "all"])
+    for flags in (
+        ("--resolve",),
+        ("--run", "-r"),
+        ("--multirun", "-m"),
+        ("--shell-completion", "-sc"),
+    ):
+        parser.add_argument(*flags, action="store_true")
+    for flags in (
+        ("--package", "-p"),
+        ("--config-path", "-cp"),
+        ("--config-name", "-cn"),
+        ("--config-dir", "-cd"),
+        ("--experimental-rerun",),
+    ):
+        parser.add_argument(*flags)
+    info = ["all", "config", "defaults", "defaults-tree", "plugins", "searchpath"]
+    parser.add_argument("--info", "-i", nargs="?", const="all", choices=info)
+    parser.parse_args(argv)
+
+
+def selectable_options_only(help_text: str) -> str:
+    """Hydra's ``--help`` with the group options a command line may select: without the
+    ``NAME_schema`` entries (the YAMLs' defaults, refused on the command line) and the
+    ``base_*`` experiments (the parts the experiments share).
+
+    >>> print(selectable_options_only("algorithm: anil, anil_schema\\nexperiment: base_rl, x"))
+    algorithm: anil
+    experiment: x
+    """
+    lines = []
+    for line in help_text.split("\n"):
+        group, colon, options = line.partition(": ")
+        if colon and group in (*GROUPS, "experiment") and "," in options:
+            kept = [o for o in options.split(", ") if selectable(group, o)]
+            line = f"{group}: {', '.join(kept)}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def launcher_error(err: RuntimeError) -> tuple[str, int] | None:
+    """One line and an exit status for what Hydra's submitit launcher raises; else None.
+
+    >>> launcher_error(RuntimeError('Could not detect "srun", are you indeed on a slurm cluster?'))[1]
+    2
+    """  # noqa: E501
+    text = str(err).splitlines()[0] if str(err) else ""
+    if 'Could not detect "srun"' in text:
+        return (
+            "this launcher submits to SLURM, but srun is not found here (submitit: "
+            f"{text}); run the sweep on a SLURM login node, or use hydra/launcher=local_cluster "
+            "(submitit on this machine) or no launcher"
+        ), 2
+    if type(err).__name__ == "UncompletedJobError":  # killed, preempted or out of memory
+        where = "the same hydra.sweep.dir (the directory above .submitit/ in this line)"
+        flat = " ".join(str(err).split())
+        first = re.search(r"Job .*?\(state: [^)]*\)", flat)
+        log_file = re.search(r"Look at std(?:out|err): (\S+)", flat)
+        reason = (first.group(0) if first else flat[:200]) + (
+            f"; its log: {log_file.group(1)}" if log_file else ""
+        )
+        return (
+            f"a sweep job ended without a result, killed from outside (submitit: {reason}); "
+            f"the jobs that finished keep their results: rerun the same command with {where} "
+            "to run the others again, each from its last checkpoint"
+        ), 1
+    return None
+
+
+# --- argparse, in one line -----------------------------------------------------------------
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors (a missing argument, an unknown flag) are one ``error:`` line
+    ending with the usage on one line, exit status 2; plain argparse prints its usage block
+    first.
+
+    >>> parser = OneLineParser(prog="python -m metalearn.tools.x")
+    >>> _ = parser.add_argument("run_dir")
+    >>> parser.one_line_usage()
+    'python -m metalearn.tools.x [-h] run_dir'
+    """
+
+    def one_line_usage(self) -> str:
+        return " ".join(self.format_usage().split()).removeprefix("usage: ")
+
+    def error(self, message: str) -> NoReturn:
+        usage_error(message, self.one_line_usage())
+
+
+def usage_error(message: str, usage: str) -> NoReturn:
+    """A command line its parser refused: one ``error:`` line with the usage, exit status 2
+    (:class:`OneLineParser`, and ``metalearn.train`` for the flags Hydra's parser refuses)."""
+    print(f"error: {message}; usage: {usage}", file=sys.stderr)
+    sys.exit(2)
+
+
+def exit_status(work: Callable[[], object]) -> int:
+    """Run a tool's ``work``: 0 when it finishes; one ``error:`` line and 2 when it raises
+    FileNotFoundError or ValueError (a path or a value the user gave).
+
+    >>> exit_status(lambda: None)
+    0
+    """
+    try:
+        work()
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+# --- output files, checked before the work ---------------------------------------------------
+
+
+def check_writable_file(path: str | os.PathLike, flag: str, example: str) -> None:
+    """Raise ValueError (one line) unless ``path`` can be written as a file.
+
+    Called before work whose result would be lost at the write; ``flag`` names the option
+    (``--out``), ``example`` is a file name for the advice when ``path`` is a directory.
+
+    >>> check_writable_file("/nonexistent/x.json", "--out", "eval.json")
+    Traceback (most recent call last):
+    ...
+    ValueError: --out /nonexistent/x.json: /nonexistent does not exist; create it first
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        shown = os.path.join(path, example)
+        raise ValueError(f"{flag} {path} is a directory: give a file name, e.g. {shown}")
+    if not os.path.isdir(directory):
+        raise ValueError(f"{flag} {path}: {directory} does not exist; create it first")
+    if not os.access(directory, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise ValueError(f"{flag} {path}: permission denied; choose another {flag}")
+
+
+def check_output_file(
+    path: str | os.PathLike,
+    flag: str,
+    example: str,
+    allowed: Sequence[str] = (),
+    note: bool = True,
+) -> None:
+    """Raise ValueError (one line) unless ``path`` can be written as a file that replaces no
+    record of a run (:func:`run_record`); with ``note``, say on stderr when it replaces another
+    existing file.
+    Called before the work, as :func:`check_writable_file` (which it calls)."""
+    check_writable_file(path, flag, example)
+    record = run_record(path, allowed)
+    if record is not None:
+        directory = os.path.dirname(os.fspath(path)) or "."
+        while os.path.basename(os.path.abspath(directory)) in RUN_STORES:  # not in .hydra/
+            directory = os.path.dirname(os.path.abspath(directory))
+        shown = os.path.join(directory, example)
+        raise ValueError(
+            f"{flag} {path} is {record}: writing there would destroy it. Nothing was written. "
+            f"Give a new file name, e.g. {shown}"
+        )
+    if note and os.path.isfile(path):
+        print(f"note: {flag} {path} exists: it will be replaced", file=sys.stderr)

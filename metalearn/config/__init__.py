@@ -1,0 +1,48 @@
+"""The config of a run: its schema (:mod:`metalearn.config.schema`, dataclasses that check
+their own values) and its composition by Hydra (:mod:`metalearn.config.compose`:
+:func:`register_configs`, :func:`to_objects`).
+
+>>> from metalearn.config import Config, to_objects
+"""
+
+from metalearn.config.compose import (
+    SCHEMA_SUFFIX,
+    check_group_choices,
+    glob_free,
+    register_configs,
+    rename_old_keys,
+    run_name,
+    to_objects,
+    unknown_key_message,
+    unknown_keys,
+    with_tuples,
+)
+from metalearn.config.schema import (
+    GLOB_CHARACTERS,
+    Config,
+    DistributedConfig,
+    EvalConfig,
+    OptimizerConfig,
+    TrainerConfig,
+    training_only_reason,
+)
+
+__all__ = [
+    "GLOB_CHARACTERS",
+    "SCHEMA_SUFFIX",
+    "Config",
+    "DistributedConfig",
+    "EvalConfig",
+    "OptimizerConfig",
+    "TrainerConfig",
+    "check_group_choices",
+    "glob_free",
+    "register_configs",
+    "rename_old_keys",
+    "run_name",
+    "to_objects",
+    "training_only_reason",
+    "unknown_key_message",
+    "unknown_keys",
+    "with_tuples",
+]

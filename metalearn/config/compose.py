@@ -1,0 +1,407 @@
+"""Composition: the configs Hydra composes from, and a composed config turned into the schema's
+dataclasses (:func:`to_objects`), nothing from OmegaConf left.
+
+The ``algorithm``, ``model`` and ``data`` groups are typed by the dataclasses their entries
+register in :mod:`metalearn.registry`, stored in Hydra's ConfigStore as ``<group>/<name>_schema``
+(internal: the YAMLs' defaults; refused on the command line). An entry the package ships no
+``conf/<group>/<name>.yaml`` for is also stored as ``<group>/<name>``, so ``algorithm=NAME``
+selects it with its defaults. So a wrong type or an unknown key fails at composition
+(``metalearn.train`` reports it in one line, :mod:`metalearn.cli`); a key appended with ``+`` is
+refused by :func:`to_objects`; the values are checked by the dataclasses as they are made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib.resources
+import re
+import shlex
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import MissingConfigException, OverrideParseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+import metalearn.algorithms  # noqa: F401  (registers algorithms)
+import metalearn.data  # noqa: F401  (registers task families)
+import metalearn.models  # noqa: F401  (registers models)
+import metalearn.rl  # noqa: F401  (registers the RL task family, policy model and algorithm)
+from metalearn.config.schema import (
+    GLOB_CHARACTERS,
+    Config,
+    DistributedConfig,
+    EvalConfig,
+    OptimizerConfig,
+    TrainerConfig,
+)
+from metalearn.registry import GROUPS, OTHER_PARTS, PLUGINS_VARIABLE
+
+SCHEMA_SUFFIX = "_schema"  # ConfigStore entries that hold a group's schema, not an option
+# Config groups whose choice on the command line becomes part of the run name.
+RUN_NAME_GROUPS = ("algorithm", "model", "data", "optimizer", "debug")
+# What each of glob's special characters becomes in a sweep job's directory name.
+GLOB_REPLACEMENTS = str.maketrans(GLOB_CHARACTERS, "()__")
+
+
+def register_configs() -> None:
+    """Store the top-level schema and one schema per registered algorithm/model/data entry.
+
+    An entry without a YAML in the package is stored under its plain name too (``group=NAME``).
+
+    Also registers the ``metalearn_run_name`` resolver used by ``run_name`` in conf/config.yaml.
+    """
+    if not OmegaConf.has_resolver("metalearn_run_name"):
+        OmegaConf.register_new_resolver("metalearn_run_name", _run_name_from_hydra)
+    if not OmegaConf.has_resolver("metalearn_glob_free"):
+        OmegaConf.register_new_resolver("metalearn_glob_free", glob_free)
+    store = ConfigStore.instance()
+    store.store(name="base_config", node=Config)
+    for group, registry in GROUPS.items():
+        for name in registry.names():
+            schema = registry.entry(name).config_cls
+            store.store(group=group, name=f"{name}{SCHEMA_SUFFIX}", node=schema)
+            if not _has_yaml(group, name):  # selectable as group=NAME without a YAML
+                node = OmegaConf.structured(schema)
+                OmegaConf.set_readonly(node, False)  # a frozen dataclass's is read-only
+                node.name = name
+                store.store(group=group, name=name, node=node)
+
+
+def _has_yaml(group: str, name: str) -> bool:
+    """Whether the package ships ``metalearn/conf/<group>/<name>.yaml``.
+
+    >>> _has_yaml("algorithm", "maml"), _has_yaml("algorithm", "no_such_algorithm")
+    (True, False)
+    """
+    return importlib.resources.files("metalearn.conf").joinpath(group, f"{name}.yaml").is_file()
+
+
+def glob_free(text: str) -> str:
+    """``text`` with glob's special characters replaced, for a sweep job's directory name.
+
+    Orbax finds the pieces of a checkpoint it saves with ``glob`` on the save path, so under a
+    directory named e.g. ``eval.steps=[0,1]`` it skips merging them and the checkpoint cannot
+    be restored. Used by ``hydra.sweep.subdir`` (conf/config.yaml).
+
+    >>> glob_free("eval.steps=[0,1],seed=2")
+    'eval.steps=(0,1),seed=2'
+    """
+    return text.translate(GLOB_REPLACEMENTS)
+
+
+def run_name(name: str, overrides: Sequence[str]) -> str:
+    """``name`` followed by the config groups, and the other parts (``data.env``: an RL
+    environment, :data:`metalearn.registry.OTHER_PARTS`), the command line chose (what actually
+    runs), unless the name already says them.
+
+    Groups come in the order of :data:`RUN_NAME_GROUPS`; an explicit ``name=...`` is kept as given.
+
+    >>> run_name("sinusoid_maml", ["+experiment=sinusoid_maml", "algorithm=reptile", "seed=3",
+    ...                            "+debug=tiny"])
+    'sinusoid_maml-algorithm=reptile-debug=tiny'
+    >>> run_name("reptile_sinusoid", ["algorithm=reptile"])  # already in the name
+    'reptile_sinusoid'
+    >>> run_name("mine", ["name=mine", "algorithm=reptile"])
+    'mine'
+    >>> run_name("rl_nav2d_maml", ["+experiment=rl_nav2d_maml", "data.env=ant_dir"])
+    'rl_nav2d_maml-data.env=ant_dir'
+    >>> run_name("rl_cheetah_dir_maml", ["data.env=cheetah_dir"])
+    'rl_cheetah_dir_maml'
+    """
+    parts = (*RUN_NAME_GROUPS, *OTHER_PARTS)
+    chosen = {}
+    for override in overrides:
+        key, sep, value = override.lstrip("+~").partition("=")
+        if key == "name":
+            return name
+        if sep and value and key in parts and f"_{value}_" not in f"_{name}_":
+            chosen[key] = value
+    return "-".join([name] + [f"{k}={chosen[k]}" for k in parts if k in chosen])
+
+
+def _run_name_from_hydra(name: str) -> str:
+    if not HydraConfig.initialized():
+        return name
+    return run_name(name, list(HydraConfig.get().overrides.task))
+
+
+def check_group_choices(choices: Mapping[str, Any], options: Mapping[str, Sequence[str]]) -> None:
+    """Refuse a config group choice that is an internal schema entry (e.g. ``maml_schema``).
+
+    ``choices`` maps groups to the chosen option (Hydra's ``runtime.choices``), ``options``
+    maps groups to the options that exist.
+
+    >>> check_group_choices({"algorithm": "maml_schema"}, {"algorithm": ["maml", "maml_schema"]})
+    Traceback (most recent call last):
+    ...
+    ValueError: algorithm=maml_schema is an internal schema entry, not an option; use one of: maml
+    """
+    for group in GROUPS:
+        choice = choices.get(group)
+        if choice and str(choice).endswith(SCHEMA_SUFFIX):
+            public = [o for o in options.get(group, []) if not o.endswith(SCHEMA_SUFFIX)]
+            raise ValueError(
+                f"{group}={choice} is an internal schema entry, not an option; "
+                f"use one of: {', '.join(public)}"
+            )
+
+
+def to_objects(cfg: DictConfig) -> Config:
+    """Turn a composed config into plain dataclasses: nothing from OmegaConf reaches jit.
+
+    A key no schema has (appended with ``+``, which Hydra allows) is refused, not ignored.
+    """
+    _refuse_unknown_keys(cfg)
+
+    def section(schema: type, key: str) -> Any:
+        # A section missing from the config (e.g. a run saved by an older version) takes the
+        # schema's defaults.
+        return OmegaConf.to_object(OmegaConf.merge(schema, cfg.get(key) or {}))
+
+    return Config(
+        algorithm=_group_object("algorithm", cfg.algorithm),
+        model=_group_object("model", cfg.model),
+        data=_group_object("data", cfg.data),
+        optimizer=section(OptimizerConfig, "optimizer"),
+        trainer=section(TrainerConfig, "trainer"),
+        eval=section(EvalConfig, "eval"),
+        distributed=section(DistributedConfig, "distributed"),
+        seed=int(cfg.seed),
+        name=str(cfg.name),
+        run_name=str(cfg.get("run_name") or cfg.name),
+    )
+
+
+def _refuse_unknown_keys(cfg: DictConfig) -> None:
+    """Raise ValueError naming the first key of ``cfg`` that its schema does not have."""
+    groups = {}
+    for group, registry in GROUPS.items():
+        node = cfg.get(group)
+        if isinstance(node, DictConfig) and node.get("name") in registry.names():
+            groups[group] = registry.entry(node.name).config_cls
+    for full_key, schema in unknown_keys(cfg, Config, sections=groups):
+        raise ValueError(unknown_key_message(full_key, schema))
+
+
+def _group_object(group: str, node: DictConfig) -> Any:
+    registry = GROUPS[group]
+    if "name" not in node:
+        raise ValueError(f"{group} config has no 'name'; pick one of {registry.names()}")
+    schema = registry.entry(node.name).config_cls
+    return with_tuples(OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), node)))
+
+
+def with_tuples(config: Any) -> Any:
+    """``config`` (a dataclass, changed in place) with the lists that OmegaConf made of its
+    fields typed ``tuple`` turned back into tuples, in nested dataclasses too: a researcher's
+    ``sizes: tuple[int, ...] = (40, 40)`` arrived as ``[40, 40]``, unequal to ``(40, 40)``
+    and unhashable.
+
+    >>> @dataclasses.dataclass
+    ... class Demo:
+    ...     sizes: tuple[int, ...] = (40, 40)
+    ...     names: list[str] = dataclasses.field(default_factory=list)
+    >>> with_tuples(OmegaConf.to_object(OmegaConf.structured(Demo)))
+    Demo(sizes=(40, 40), names=[])
+    """
+    try:
+        hints = typing.get_type_hints(type(config))
+    except Exception:  # an annotation that does not resolve: leave the fields as they are
+        hints = {}
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            with_tuples(value)
+        elif isinstance(value, list) and _is_tuple_type(hints.get(field.name)):
+            object.__setattr__(config, field.name, tuple(value))  # frozen dataclasses too
+    return config
+
+
+def _is_tuple_type(hint: Any) -> bool:
+    """Whether ``hint`` is ``tuple``, ``tuple[...]`` or a union with one (``tuple | None``)."""
+    if hint is tuple or typing.get_origin(hint) is tuple:
+        return True
+    return any(_is_tuple_type(arg) for arg in typing.get_args(hint)) if _is_union(hint) else False
+
+
+def _is_union(hint: Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType)
+
+
+def unknown_key_message(full_key: str, schema: type) -> str:
+    """Say that ``full_key`` is not a field of ``schema``, with the closest field and the list.
+
+    >>> print(unknown_key_message("distributed.enable", DistributedConfig))  # doctest: +ELLIPSIS
+    distributed.enable is not a setting of distributed (DistributedConfig: enabled, ...); did
+    you mean distributed.enabled?
+    """
+    section, _, key = full_key.rpartition(".")
+    names = [f.name for f in dataclasses.fields(schema)]
+    close = difflib.get_close_matches(key, names, n=1)
+    where = f"{section} ({schema.__name__}: " if section else "the config (top-level keys: "
+    hint = f"; did you mean {section + '.' if section else ''}{close[0]}?" if close else ""
+    return f"{full_key} is not a setting of {where}{', '.join(names)}){hint}"
+
+
+def unknown_keys(
+    node: DictConfig, schema: type, prefix: str = "", sections: Mapping[str, type] | None = None
+) -> list[tuple[str, type]]:
+    """Each dotted key of ``node`` that its schema has no field for, with that schema.
+
+    Nested sections are checked against the dataclass their field defaults to, or against
+    ``sections[key]`` (for fields typed ``Any``, such as the ``algorithm`` group's).
+
+    >>> from omegaconf import OmegaConf
+    >>> unknown_keys(OmegaConf.create({"seed": 0, "eval": {"num_task": 5}}), Config,
+    ...              sections={"eval": EvalConfig})
+    [('eval.num_task', <class 'metalearn.config.schema.EvalConfig'>)]
+    """
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    sections = sections or {}
+    found = []
+    for key in node:
+        full = f"{prefix}.{key}" if prefix else str(key)
+        if key not in fields:
+            found.append((full, schema))
+            continue
+        factory = fields[key].default_factory
+        nested = sections.get(key, factory if dataclasses.is_dataclass(factory) else None)
+        child = node._get_node(key)
+        if nested is not None and isinstance(child, DictConfig):
+            found += unknown_keys(child, nested, full)
+    return found
+
+
+# Keys that were renamed: the old spelling fails with a message naming the new one.
+RENAMED = {
+    "algorithm.num_steps": "algorithm.inner_steps",
+    "trainer.num_steps": "trainer.meta_steps",
+    "algorithm.meta_lr_schedule": "optimizer.schedule",
+    "algorithm.meta_lr_final_fraction": "optimizer.final_lr_fraction",
+}
+
+
+def rename_old_keys(saved: DictConfig) -> list[str]:
+    """Move keys of a config saved before a rename to their new names, in place.
+
+    Returns ``"old -> new"`` for each key moved; a config that holds both spellings is refused.
+
+    >>> saved = OmegaConf.create({"algorithm": {"num_steps": 5}, "trainer": {"num_steps": 3}})
+    >>> rename_old_keys(saved), OmegaConf.to_container(saved)
+    (['algorithm.num_steps -> algorithm.inner_steps', 'trainer.num_steps -> trainer.meta_steps'], \
+{'algorithm': {'inner_steps': 5}, 'trainer': {'meta_steps': 3}})
+    """
+    moved = []
+    for old, new in RENAMED.items():
+        section, _, key = old.rpartition(".")
+        node = saved.get(section)
+        if not isinstance(node, DictConfig) or key not in node:
+            continue
+        if OmegaConf.select(saved, new) is not None:
+            raise ValueError(f"the config holds both {old} and its new name {new}: delete {old}")
+        OmegaConf.update(saved, new, node.pop(key), force_add=True)
+        moved.append(f"{old} -> {new}")
+    return moved
+
+
+def selectable(group: str, option: str) -> bool:
+    """Whether ``group=option`` is a choice for a command line: not a ``NAME_schema`` entry (a
+    YAML's defaults, refused) nor a ``base_*`` experiment (the parts experiments share).
+
+    >>> [selectable("algorithm", "maml_schema"), selectable("experiment", "base_rl")]
+    [False, False]
+    """
+    if option.endswith(SCHEMA_SUFFIX):
+        return False
+    return not (group == "experiment" and option.startswith("base_"))
+
+
+def name_key_group(key: str) -> str | None:
+    """The config group whose ``name`` key ``key`` is (``algorithm.name``: ``algorithm``), or
+    None: an option of the group sets it.
+
+    >>> name_key_group("+algorithm.name"), name_key_group("algorithm.inner_lr")
+    ('algorithm', None)
+    """
+    group, _, rest = key.lstrip("+~").partition(".")
+    return group if group in GROUPS and rest == "name" else None
+
+
+def composition_error_message(err: BaseException) -> str:
+    """One line for an error Hydra or OmegaConf raised while composing the command line.
+
+    >>> from hydra.errors import MissingConfigException
+    >>> message = composition_error_message(MissingConfigException(
+    ...     "Could not find 'algorithm/mamll'", "algorithm/mamll", ["maml", "maml_schema"]))
+    >>> message.removesuffix(" (one of your own: name the module that registers it in "
+    ...                      "METALEARN_PLUGINS)")
+    'algorithm=mamll is not an option (did you mean maml?); use one of: maml'
+    """
+    cause = err.__cause__
+    if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options:
+        group, _, name = err.missing_cfg_file.rpartition("/")
+        options = [o for o in err.options if selectable(group, o)]
+        close = difflib.get_close_matches(name, options, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        message = (
+            f"{group or 'config'}={name} is not an option{hint}; use one of: {', '.join(options)}"
+        )
+        if group in GROUPS:  # the groups a researcher's module adds to
+            message += (
+                f" (one of your own: name the module that registers it in {PLUGINS_VARIABLE})"
+            )
+        return message
+    if isinstance(err, OverrideParseException):
+        message = f"cannot parse the override {err.override!r}: {_lines(err.message)}"
+        key, _, value = err.override.partition("=")
+        if "mismatched input '='" in err.message and not value.startswith(("'", '"')):
+            message += f"; a value holding '=' needs quotes: {quoted_override(key, value)}"
+        return message
+    key_error = err if isinstance(err, _KEY_ERRORS) else cause
+    if isinstance(key_error, _KEY_ERRORS) and _is_schema(key_error.object_type):
+        return unknown_key_message(str(key_error.full_key), key_error.object_type)
+    if isinstance(cause, ValidationError):  # "Error merging override optimizer.lr=fast"
+        override = str(err).removeprefix("Error merging override ").strip()
+        return f"{override}: {_lines(str(cause))}"
+    return "; ".join(filter(None, [_lines(str(err)), _lines(str(cause)) if cause else ""]))
+
+
+_KEY_ERRORS = (ConfigKeyError, ConfigAttributeError)  # OmegaConf raises either for a missing key
+
+
+def _is_schema(object_type: Any) -> bool:
+    return isinstance(object_type, type) and dataclasses.is_dataclass(object_type)
+
+
+def _lines(text: str) -> str:
+    """A multi-line message as one line, without OmegaConf's ``full_key:``/``object_type=``."""
+    kept = []
+    for line in text.splitlines():
+        line = " ".join(line.split())
+        if line and not line.startswith(("full_key:", "object_type=", "reference_type=")):
+            kept.append(line)
+    return "; ".join(kept)
+
+
+def quoted_override(key: str, value: str) -> str:
+    """``key=value`` as one shell word that Hydra's override grammar parses back to ``value``.
+
+    Hydra reads an unquoted ``=``, ``,`` or space in a value as syntax, and run directories are
+    named after the overrides (``outputs/sinusoid_maml-algorithm=fomaml/...``, sweep jobs
+    ``0_seed=0,trainer.meta_steps=20000``): such a value is quoted for Hydra, then for the shell.
+
+    >>> quoted_override("hydra.run.dir", "/runs/sinusoid_maml/2026-11-25_10-00-00")
+    'hydra.run.dir=/runs/sinusoid_maml/2026-11-25_10-00-00'
+    >>> print(quoted_override("hydra.run.dir", "/runs/sinusoid_maml-algorithm=fomaml/10-00-00"))
+    'hydra.run.dir="/runs/sinusoid_maml-algorithm=fomaml/10-00-00"'
+    """
+    if re.fullmatch(r"[A-Za-z0-9_./:+@%-]+", value):
+        return f"{key}={value}"
+    quote = "'" if '"' in value else '"'
+    return shlex.quote(f"{key}={quote}{value}{quote}")

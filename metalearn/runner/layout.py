@@ -1,0 +1,234 @@
+"""What a run directory holds, and where one may be: the layout every part of metalearn reads.
+
+A run directory holds its records (``config.yaml``, ``metrics.jsonl``, ``eval.json``, ...) and
+its stores (``checkpoints/``, ``best/``, ``tensorboard/``, ``.hydra/``). A run must not be
+written inside another run's store (that run would take it for a damaged checkpoint, or show its
+curves as its own), a tool's output must never replace a run's record, and a path where a record
+or a store should be must be of the right kind.
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import os
+import tempfile
+from collections.abc import Sequence
+
+from metalearn.config import GLOB_CHARACTERS
+from metalearn.config.compose import quoted_override
+from metalearn.data.sources import file_in_the_way
+
+# What a run directory holds. Its records, by name (never replaced by a tool's output):
+RUN_RECORDS = (
+    "config.yaml",
+    "eval.json",
+    "eval_*.json",
+    "metrics.jsonl",
+    "metrics.jsonl.unreadable",
+    "summary.json",
+    "summary.json.unreadable",
+    "status.json",
+    "train.log",
+    "error.txt",
+)
+CHECKPOINT_STORES = ("checkpoints", "best")  # a run's checkpoint stores, under its directory
+# What a run keeps in its other subdirectories, which another run written inside would mix with.
+OTHER_PARTS_OF_A_RUN = {
+    "tensorboard": "its TensorBoard logs would show this run's curves as its own",
+    ".hydra": "that run's record of its command line is kept there",
+}
+RUN_STORES = (*CHECKPOINT_STORES, *OTHER_PARTS_OF_A_RUN)  # every subdirectory a run writes
+RUN_MARKS = ("config.yaml", ".hydra", "checkpoints", "metrics.jsonl", "eval.json")
+RECORD = "config.json"  # under checkpoints/: the record of the run's config
+
+
+class RunDirectoryError(ValueError):
+    """The run directory holds a run that this config must not continue or replace, or lies
+    where no run may be."""
+
+
+def check_writable(directory: str) -> None:
+    """Fail early, with the path in the message, if outputs cannot be written there."""
+    if any(c in directory for c in GLOB_CHARACTERS):
+        raise ValueError(
+            f"output directory {directory!r} contains one of {GLOB_CHARACTERS}: checkpoints "
+            "saved under it cannot be restored (orbax finds their pieces with glob); choose "
+            "another hydra.run.dir or hydra.sweep.dir"
+        )
+    try:
+        os.makedirs(directory, exist_ok=True)
+        # A name of its own: the processes of a distributed run check the same directory at
+        # once, and one removed the probe another was about to remove ("cannot be written").
+        descriptor, probe = tempfile.mkstemp(prefix=".write_test.", dir=directory)
+        os.close(descriptor)
+        os.remove(probe)
+    except OSError as err:
+        existing = file_in_the_way(directory)
+        if existing is not None:  # "File exists" / "Not a directory" said less
+            raise ValueError(
+                f"output directory {directory!r}: {existing} is a file, not a directory; choose "
+                "another hydra.run.dir or hydra.sweep.dir"
+            ) from None
+        raise ValueError(
+            f"output directory {directory!r} cannot be written ({err.strerror}); choose another "
+            "hydra.run.dir or hydra.sweep.dir, in a place you can write to"
+        ) from None
+
+
+def holds_a_run(directory: str) -> bool:
+    """Whether ``directory`` holds a run (its config, Hydra files, checkpoints or records)."""
+    return any(os.path.exists(os.path.join(directory, mark)) for mark in RUN_MARKS)
+
+
+def run_record(path: str | os.PathLike, allowed: Sequence[str] = ()) -> str | None:
+    """What ``path`` is when it is an existing file of a run or sweep (``eval.json``, a file
+    under ``checkpoints/``, a sweep's ``multirun.yaml``), in words; None for any other path and
+    for names matching a pattern in ``allowed`` (a tool's own outputs, e.g. ``eval_*.json``).
+
+    >>> run_record("/nonexistent/eval.json") is None
+    True
+    """
+    path = os.path.abspath(os.fspath(path))
+    if not os.path.isfile(path):
+        return None
+    name, directory = os.path.basename(path), os.path.dirname(path)
+    if name == "multirun.yaml":
+        return "a sweep's record of its jobs (multirun.yaml)"
+    if any(fnmatch.fnmatch(name, pattern) for pattern in allowed):
+        return None
+    if any(fnmatch.fnmatch(name, p) for p in RUN_RECORDS) and holds_a_run(directory):
+        return f"a run's own record ({name})"
+    parts = path.split(os.sep)
+    for i, part in enumerate(parts[:-1]):
+        if part in RUN_STORES and holds_a_run(os.sep.join(parts[:i]) or os.sep):
+            return f"inside the run {os.sep.join(parts[:i])}'s {part}/"
+    return None
+
+
+def saved_steps(workdir: str) -> list[int]:
+    """Steps of the checkpoints (``checkpoints/`` and ``best/``) in a run directory."""
+    steps = []
+    for store in CHECKPOINT_STORES:
+        path = os.path.join(workdir, store)
+        if os.path.isdir(path):
+            steps += [int(n) for n in os.listdir(path) if n.isdigit()]
+    return sorted(steps)
+
+
+def resume_hint(workdir: str, sweep_dir: str | None = None) -> str:
+    """What to rerun to resume the run in ``workdir``: the same command with its directory, or,
+    for a job of a sweep (``sweep_dir``), the same sweep command with the sweep's directory
+    (each job resumes from its last checkpoint; a finished job is not trained again)."""
+    if sweep_dir is not None:
+        sweep_dir = os.path.abspath(sweep_dir)
+        return (
+            f"rerun the same sweep command with {quoted_override('hydra.sweep.dir', sweep_dir)} "
+            "to resume its jobs"
+        )
+    return f"rerun the same command with {quoted_override('hydra.run.dir', workdir)} to resume"
+
+
+def no_space_message(err: BaseException, workdir: str, hint: str) -> str | None:
+    """One line when ``err`` (or an exception it was raised from or while handling) is a full
+    disk, ENOSPC; else None. Orbax and TensorBoard report it from their own threads, wrapped.
+    ``hint``: what to rerun (:func:`resume_hint`).
+
+    >>> no_space_message(RuntimeError("save failed: [Errno 28] No space left on device"), "R",
+    ...                  resume_hint("R"))
+    'no space left on the device that holds R (save failed: [Errno 28] No space left on device); free space there, then rerun the same command with hydra.run.dir=R to resume (from the last checkpoint: checkpoints are saved whole or not at all)'
+    >>> no_space_message(ValueError("shapes do not match"), "R", "") is None
+    True
+    """  # noqa: E501
+    seen, todo = set(), [err]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in str(e):
+            reason = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+            return (
+                f"no space left on the device that holds {workdir} ({reason}); free space "
+                f"there, then {hint} (from the last checkpoint: checkpoints are saved whole or "
+                "not at all)"
+            )
+        todo += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
+    return None
+
+
+def enclosing_store(workdir: str) -> str | None:
+    """The checkpoint store (``checkpoints/`` or ``best/``), ``tensorboard/`` or ``.hydra/`` of
+    another run that ``workdir`` is or lies inside, or None. That run would take ``workdir``
+    for a damaged checkpoint of its own and move it away, or mix it into its own records.
+
+    >>> root = tempfile.mkdtemp()
+    >>> os.makedirs(os.path.join(root, "checkpoints"))
+    >>> open(os.path.join(root, "checkpoints", RECORD), "w").close()
+    >>> store = os.path.join(root, "checkpoints")
+    >>> enclosing_store(os.path.join(store, "30")) == store
+    True
+    >>> enclosing_store(os.path.join(root, "tensorboard", "b")) == os.path.join(root, "tensorboard")
+    True
+    >>> enclosing_store(os.path.join(root, "run2")) is None
+    True
+    """
+    path = os.path.abspath(workdir)
+    while True:
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        name = os.path.basename(path)
+        record = os.path.join(parent, "checkpoints", RECORD)
+        if name in CHECKPOINT_STORES and os.path.isfile(record):
+            return path
+        if name in OTHER_PARTS_OF_A_RUN and holds_a_run(parent):
+            return path
+        path = parent
+
+
+def check_outside_stores(directory: str, key: str = "hydra.run.dir") -> None:
+    """Raise RunDirectoryError if ``directory`` (set by ``key``) is or lies inside another
+    run's checkpoint store, ``tensorboard/`` or ``.hydra/`` (:func:`enclosing_store`)."""
+    store = enclosing_store(directory)
+    if store is not None:
+        name = os.path.basename(store)
+        why = OTHER_PARTS_OF_A_RUN.get(
+            name, "that run would take this one for a damaged checkpoint and move it away"
+        )
+        parts = "/, ".join(RUN_STORES)
+        raise RunDirectoryError(
+            f"{key}={directory} lies inside {store}, part of the run in "
+            f"{os.path.dirname(store)}: {why}. Nothing was written. Choose a {key} outside "
+            f"its {parts}/"
+        )
+    # A run in a sweep's directory was tabulated by collect_sweep as one of its jobs; a sweep
+    # in a run's directory put its jobs inside the run.
+    if key == "hydra.run.dir" and os.path.isfile(os.path.join(directory, "multirun.yaml")):
+        raise RunDirectoryError(
+            f"{key}={directory} is a sweep's directory (multirun.yaml): a run there would be "
+            f"taken for one of its jobs. Nothing was written. Choose another {key}"
+        )
+    held = [m for m in RUN_MARKS if os.path.exists(os.path.join(directory, m))]
+    if key == "hydra.sweep.dir" and held:
+        raise RunDirectoryError(
+            f"{key}={directory} holds a run ({', '.join(held)}): the sweep's jobs would be "
+            f"written inside it. Nothing was written. Choose another {key}"
+        )
+
+
+def check_layout(workdir: str) -> None:
+    """RunDirectoryError if a file the run writes in ``workdir`` (``eval.json``,
+    ``metrics.jsonl``, ...) is a directory there, or a directory it writes (``checkpoints/``,
+    ``best/``, ``tensorboard/``, ``.hydra/``) is a file: the run failed with a traceback where
+    it first wrote there (for ``eval.json``, after the whole evaluation)."""
+    files = [name for name in RUN_RECORDS if "*" not in name]
+    wrong_kinds = [(n, os.path.isdir, "a directory", f"its {n} file") for n in files]
+    wrong_kinds += [(n, os.path.isfile, "a file", f"its {n}/ directory") for n in RUN_STORES]
+    for name, is_wrong_kind, what, where in wrong_kinds:
+        path = os.path.join(workdir, name)
+        if is_wrong_kind(path):
+            raise RunDirectoryError(
+                f"{path} is {what}, where the run keeps {where}. Nothing was changed. Move it "
+                "away, or choose another hydra.run.dir"
+            )

@@ -1,0 +1,142 @@
+"""The run plan: everything decided about a run before it starts, in one place, once.
+
+:func:`resolve` reads the validated config, the registry's declarations of the parts it selects
+(a convolutional model, a family of large tasks) and the machine (its devices), and returns a
+frozen :class:`RunPlan`: how a meta-batch's tasks are batched, how many meta-steps one compiled
+call fuses, the mesh the tasks are split over, and the warnings the run logs. The loop, the steps
+and the evaluation read the plan, never the raw config's machine-dependent settings.
+
+The settings a process must take before JAX's first computation (XLA:CPU devices, serial LAPACK
+scheduling, the compilation cache, ``jax.distributed``) are applied by
+:func:`~metalearn.runner.cpu_backend.prepare_machine`, which the entry points call first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+from jax.sharding import Mesh
+
+from metalearn.config import Config, OptimizerConfig
+from metalearn.core.batching import resolve_auto
+from metalearn.models.base import ModelParts
+from metalearn.registry import MODELS, TASKS
+from metalearn.runner.cpu_backend import linalg_size_on_cpu_devices
+from metalearn.runner.devices import task_mesh
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """One run, resolved: the validated ``config`` and what it and the machine decide."""
+
+    config: Config
+    task_batching: str  # vmap | map | map<k> | unroll: how the tasks of a meta-batch run
+    steps_per_call: int  # meta-steps fused into one jitted call (lax.scan)
+    mesh: Mesh | None  # the devices the tasks are split across; None: one device
+    platform: str  # cpu | gpu | tpu
+    device_count: int
+    devices: str  # "2 x cpu", for the run's summary
+    warnings: tuple[str, ...] = ()  # logged as the run starts
+
+
+def resolve(config: Config) -> RunPlan:
+    """The :class:`RunPlan` of ``config`` on this process's devices (ValueError, one line, when
+    the meta-batch cannot be split across them)."""
+    t = config.trainer
+    parts = MODELS.entry(config.model.name).info.get("parts", ModelParts())
+    large_tasks = TASKS.entry(config.data.name).info.get("large_tasks", False)
+    platform, device_count = jax.devices()[0].platform, jax.device_count()
+    warnings = (
+        lapack_device_warning(config, platform, device_count),
+        unread_final_lr_warning(config.optimizer),
+    )
+    return RunPlan(
+        config=config,
+        task_batching=resolve_task_batching(
+            t.task_batching, convolutional=parts.convolutional, large_tasks=large_tasks
+        ),
+        steps_per_call=resolve_steps_per_call(t.steps_per_call, convolutional=parts.convolutional),
+        mesh=task_mesh(t.shard_tasks, t.meta_batch_size),
+        platform=platform,
+        device_count=device_count,
+        devices=f"{device_count} x {jax.devices()[0].device_kind}",
+        warnings=tuple(w for w in warnings if w),
+    )
+
+
+def resolve_task_batching(strategy: str, *, convolutional: bool, large_tasks: bool = False) -> str:
+    """How the tasks of a meta-batch are batched, when the config says ``auto``
+    (:func:`~metalearn.core.batching.resolve_auto`).
+
+    On GPUs and TPUs, ``vmap``. On CPU, ``vmap`` for dense models, but ``map`` (one task per
+    loop iteration) for convolutional ones (the model's registration declares it:
+    ``ModelParts(convolutional=True)``) and for families of large tasks (registered with
+    ``large_tasks=True``: an RL task is thousands of policy evaluations): per-task weights
+    under ``vmap`` become batched matrix products and grouped convolutions, which XLA:CPU runs
+    far slower, and one such task is already large enough for the CPU; a Python loop unrolled
+    inside ``jit`` (``unroll``) makes the program 32 times larger and compiles for minutes. So
+    that both cores of a CPU work, a run of a convolutional model started with ``auto`` also
+    splits the tasks across one XLA:CPU device per core
+    (:func:`~metalearn.runner.cpu_backend.cpu_devices_for`), each looping over its share.
+    Measured in experiments/benchmarks/.
+    """
+    return resolve_auto(strategy, large_tasks=convolutional or large_tasks)
+
+
+def resolve_steps_per_call(steps_per_call: int, *, convolutional: bool) -> int:
+    """Meta-steps fused per jitted call; 0 means auto.
+
+    Auto fuses 100 steps in a ``lax.scan`` (dispatch overhead dominates small models), and
+    10 for convolutional models on CPU, whose steps take long enough that dispatch costs
+    nothing and progress should be reported more often.
+    """
+    if steps_per_call:
+        return steps_per_call
+    if jax.default_backend() == "cpu" and convolutional:
+        return 10
+    return 100
+
+
+def lapack_device_warning(cfg: Config, platform: str, device_count: int) -> str | None:
+    """The line a run logs when it shards a locomotion family's physics over several XLA:CPU
+    devices (``JAX_NUM_CPU_DEVICES``): serial LAPACK scheduling orders the calls within one
+    device, not across devices, so two devices' batched Cholesky solves can still deadlock
+    (experiments/rl/locomotion/README.md). None for any other run.
+
+    >>> from metalearn.rl.family import RLTasksConfig
+    >>> def warning(env, devices):
+    ...     return lapack_device_warning(Config(data=RLTasksConfig(env=env)), "cpu", devices)
+    >>> warning("cheetah_dir", 2).startswith("2 XLA:CPU devices on cheetah_dir: ")
+    True
+    >>> warning("cheetah_dir", 1), warning("nav2d", 2)
+    (None, None)
+    """
+    if linalg_size_on_cpu_devices(cfg, platform, device_count) is None:
+        return None
+    return (
+        f"{device_count} XLA:CPU devices on {cfg.data.env}: jaxlib 0.10's batched LAPACK calls "
+        "(the physics' Cholesky) can deadlock across devices on large batches; if the run "
+        "stops making progress, stop it and resume with one device (unset JAX_NUM_CPU_DEVICES)"
+    )
+
+
+def unread_final_lr_warning(cfg: OptimizerConfig) -> str | None:
+    """The line a run logs when ``final_lr_fraction`` is set and no schedule reads it.
+
+    Only ``schedule=cosine`` decays to ``lr * final_lr_fraction``. A warning, not a refusal:
+    ``algorithm=mamlpp`` recommends ``final_lr_fraction=0.01`` with its cosine, and
+    ``optimizer.schedule=constant`` alone should still turn the cosine off.
+
+    >>> unread_final_lr_warning(OptimizerConfig(final_lr_fraction=0.01))[:64]
+    'optimizer.final_lr_fraction=0.01 is unused: only optimizer.sched'
+    >>> unread_final_lr_warning(OptimizerConfig(schedule="cosine", final_lr_fraction=0.01))
+    """
+    if cfg.schedule == "cosine" or cfg.final_lr_fraction == 0:
+        return None
+    return (
+        f"optimizer.final_lr_fraction={cfg.final_lr_fraction} is unused: only "
+        f"optimizer.schedule=cosine decays the rate, and this run's schedule is {cfg.schedule} "
+        f"(the rate {'warms up to' if cfg.warmup_steps else 'stays'} {cfg.lr}); for a decay, "
+        "set optimizer.schedule=cosine"
+    )

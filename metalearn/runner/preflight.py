@@ -1,0 +1,181 @@
+"""Every check of a run's parts, in one place: each runs once, as :func:`~metalearn.runner.
+experiment.build` builds the part, before the run directory is written to.
+
+The config's own values are checked when it is made (the config classes' ``__post_init__``);
+what needs the built parts or the machine is checked here: settings nothing reads, a model
+factory's module and parameters, an algorithm factory's learner, the task family and its
+objective (:mod:`metalearn.data.family_checks`, :mod:`metalearn.data.objective_checks`), and
+what would deadlock XLA:CPU's LAPACK calls. Each problem is a ValueError of one line naming
+the setting or the part to fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+
+from metalearn.algorithms.base import MetaLearner, check_batch_update
+from metalearn.config import Config, OptimizerConfig
+from metalearn.data.family_checks import check_family
+from metalearn.data.objective_checks import check_objective
+from metalearn.data.task import Objective, TaskFamily
+from metalearn.models.base import Model, module_problem
+from metalearn.registry import ALGORITHMS, selected_parts
+from metalearn.runner.cpu_backend import inline_solve_batch, linalg_size_on_cpu_devices
+from metalearn.runner.plan import RunPlan
+
+__all__ = [
+    "check_family_and_objective",
+    "check_learner",
+    "check_module",
+    "check_parameters",
+    "check_settings",
+    "lapack_batch_error",
+    "outer_step_settings",
+]
+
+
+def check_settings(plan: RunPlan) -> None:
+    """What the config sets that nothing would read, or that would hang the run."""
+    refuse_unused_optimizer(plan.config)
+    error = lapack_batch_error(plan.config, plan.task_batching, plan.platform, plan.device_count)
+    if error:
+        raise ValueError(error)
+
+
+def outer_step_settings(algorithm_config: Any) -> str | None:
+    """What sets the algorithm's outer step when the ``optimizer`` section does not (None)."""
+    declared = ALGORITHMS.entry(algorithm_config.name).info.get("outer_step_settings")
+    return declared(algorithm_config) if declared else None
+
+
+def refuse_unused_optimizer(cfg: Config) -> None:
+    """ValueError if ``optimizer.*`` is set away from its defaults where nothing reads it."""
+    settings = outer_step_settings(cfg.algorithm)
+    if settings is None:
+        return
+    default = OptimizerConfig()
+    changed = [
+        f"optimizer.{f.name}={getattr(cfg.optimizer, f.name)}"
+        for f in dataclasses.fields(OptimizerConfig)
+        if getattr(cfg.optimizer, f.name) != getattr(default, f.name)
+    ]
+    if changed:
+        raise ValueError(
+            f"{', '.join(changed)} would have no effect: algorithm={cfg.algorithm.name} takes "
+            f"its outer step with {settings}, not the optimizer section; drop the setting"
+        )
+
+
+def check_module(module: Any, model_name: str, tasks: TaskFamily, data_name: str) -> None:
+    """What a model factory returned: a Flax module, for inputs of the family's rank."""
+    problem = module_problem(module)
+    if problem:  # an AttributeError ("'function' object has no attribute 'init'") before
+        raise ValueError(
+            f"model={model_name}: its factory returned {problem}; see docs/extending.md (a model)"
+        )
+    rank = getattr(module, "input_rank", None)
+    if rank == 3 and len(tasks.input_shape) != 3:
+        advice = (  # a family with an objective of its own (RL's) needs its own kind of model
+            "model=mlp, or an image dataset (data=omniglot, miniimagenet, cifarfs or fc100)"
+            if tasks.objective is None
+            else "a model for vector inputs (for an RL task family: model=gaussian_mlp)"
+        )
+        raise ValueError(
+            f"model={model_name} needs images (inputs [height, width, channels]) but "
+            f"data={data_name} gives inputs of shape {tuple(tasks.input_shape)}; use {advice}"
+        )
+
+
+def check_parameters(model: Model, name: str) -> None:
+    """ValueError (one line) if ``model`` has no parameters (nothing to meta-learn: the run
+    trained nothing, silently) or its declared head is not one of its top-level parameter
+    entries (a KeyError in the algorithms that adapt or replace the head). Traced only.
+
+    >>> from metalearn.models.base import ModelParts, model_from_flax
+    >>> from metalearn.models.mlp import MLP
+    >>> check_parameters(model_from_flax(MLP((8,), 1), (1,), ModelParts(head="out")), "mine")
+    Traceback (most recent call last):
+    ...
+    ValueError: model=mine declares its head 'out' (ModelParts(head=...)), but its top-level ...
+    """
+    params, _ = jax.eval_shape(model.init, jax.random.key(0))
+    if not jax.tree_util.tree_leaves(params):
+        raise ValueError(
+            f"model={name} has no parameters (its init returns none under 'params'): there is "
+            "nothing to meta-learn; give it layers with parameters (nn.Dense, nn.Conv, ...)"
+        )
+    missing = [h for h in model.head if h not in params]
+    if missing:
+        raise ValueError(
+            f"model={name} declares its head {missing[0]!r} (ModelParts(head=...)), but its "
+            f"top-level parameter entries are {', '.join(sorted(params))}: name its final "
+            f"layer {missing[0]!r} (nn.Dense(..., name={missing[0]!r})) or declare the name it has"
+        )
+
+
+def check_learner(learner: Any, algorithm: str) -> None:
+    """What an algorithm factory returned: a MetaLearner whose ``batch_update``, if any, takes
+    the arguments the runner passes."""
+    if not isinstance(learner, MetaLearner):  # None: an AttributeError traceback, later
+        raise ValueError(
+            f"algorithm={algorithm}: its factory returned {type(learner).__name__}, "
+            "not a metalearn.algorithms.base.MetaLearner; return one (docs/extending.md)"
+        )
+    check_batch_update(learner, algorithm)
+
+
+def check_family_and_objective(cfg: Config, tasks: TaskFamily, objective: Objective) -> None:
+    """The task family's sampler, at the training and evaluation shots, and the objective's
+    loss on one of its tasks (:func:`~metalearn.data.family_checks.check_family`,
+    :func:`~metalearn.data.objective_checks.check_objective`)."""
+    env = selected_parts(cfg).get("data.env")  # an RL family's environment, named too
+    family = cfg.data.name + (f", data.env={env}" if env else "")
+    check_family(tasks, family, cfg.trainer.shots, cfg.eval.shots)
+    check_objective(objective, tasks, family, cfg.model.name, cfg.trainer.shots)
+
+
+def lapack_batch_error(cfg: Config, strategy: str, platform: str, device_count: int) -> str | None:
+    """The line a run is refused with when, on several XLA:CPU devices, one device would step
+    so many rollouts of a locomotion family at once that its physics' batched solve takes
+    jaxlib 0.10's threaded path, which deadlocks across devices (every thread idle, the run
+    hung; :func:`~metalearn.runner.cpu_backend.inline_solve_batch`). Training's outer step
+    runs ``vmap`` over each device's tasks; evaluation batches them as ``strategy`` says.
+    None when the run is safe from it (one device, tasks not sharded, another family).
+
+    >>> from metalearn.config import TrainerConfig
+    >>> from metalearn.rl.algorithm import MAMLRLAlgorithmConfig
+    >>> from metalearn.rl.family import RLTasksConfig
+    >>> def error(env, rollouts, devices):
+    ...     cfg = Config(data=RLTasksConfig(env=env, rollouts=rollouts),
+    ...                  algorithm=MAMLRLAlgorithmConfig(post_rollouts=rollouts),
+    ...                  trainer=TrainerConfig(meta_batch_size=10))
+    ...     return lapack_batch_error(cfg, "map", "cpu", devices)
+    >>> print(error("ant_dir", 20, 2))  # doctest: +ELLIPSIS
+    ant_dir on 2 XLA:CPU devices: each would step 100 rollouts at once (5 tasks x 20), ...
+    >>> error("ant_dir", 14, 2), error("ant_dir", 20, 1), error("cheetah_dir", 20, 2)
+    (None, None, None)
+    """
+    size = linalg_size_on_cpu_devices(cfg, platform, device_count)
+    if size is None or not cfg.trainer.shard_tasks:
+        return None
+    limit = inline_solve_batch(size)
+    tasks = cfg.trainer.meta_batch_size // device_count
+    rollouts = max(cfg.data.rollouts, getattr(cfg.algorithm, "post_rollouts", 0))
+    what, batch = f"{tasks} tasks x {rollouts}", tasks * rollouts
+    eval_tasks = 1 if strategy != "vmap" else -(-cfg.eval.tasks_per_call // device_count)
+    eval_rollouts = getattr(cfg.algorithm, "eval_rollouts", 0)
+    if eval_tasks * eval_rollouts > batch:
+        what = f"{eval_tasks} evaluation tasks x {eval_rollouts}"
+        batch = eval_tasks * eval_rollouts
+    if batch <= limit:
+        return None
+    return (
+        f"{cfg.data.env} on {device_count} XLA:CPU devices: each would step {batch} rollouts "
+        f"at once ({what}), solving {batch} {size} x {size} systems in one batched LAPACK call, "
+        f"which jaxlib 0.10 splits across threads and which deadlocks across devices (at most "
+        f"{limit} run inline); run on one device (unset JAX_NUM_CPU_DEVICES) or lower "
+        "trainer.meta_batch_size or the rollouts per task"
+    )
