@@ -2,7 +2,8 @@
 
 Orbax writes each checkpoint into a temporary directory and renames it into place when it is
 complete, so a process that dies mid-write leaves only a ``*.orbax-checkpoint-tmp-*`` directory;
-those are never loaded and are removed when the store is next opened. After orbax finishes, a
+orbax never lists those as steps, and removes them when the store is next opened (its
+``cleanup_tmp_directories``, on the primary host only). After orbax finishes, a
 ``checksums.sha256`` manifest (one ``sha256  relative/path`` line per file) is written into the
 step directory. Loading verifies it: a checkpoint whose files were truncated, altered or deleted
 is moved aside to ``damaged/<step>-<time>/`` (never deleted) and the next older intact one is
@@ -37,7 +38,6 @@ MANIFEST = "checksums.sha256"
 # that did not finish (killed between orbax's rename and the manifest), not an older version's.
 CHECKSUMMED = "checksummed"
 DAMAGED = "damaged"
-TMP_MARKER = ".orbax-checkpoint-tmp"
 log = logging.getLogger("metalearn")
 
 
@@ -173,21 +173,17 @@ class CheckpointStore:
     def __init__(self, directory: str, max_to_keep: int, primary: bool = True):
         self.directory = os.path.abspath(directory)
         self.primary = primary
-        if primary:
-            self._remove_unfinished_saves()
+        if primary and os.path.isdir(self.directory):  # orbax removes them, says nothing
+            count = len(ocp.path.step.all_temporary_paths(self.directory))
+            if count:
+                log.info("removing %d unfinished checkpoint save(s) in %s", count, self.directory)
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, enable_async_checkpointing=False, create=True
+            max_to_keep=max_to_keep,
+            enable_async_checkpointing=False,
+            create=True,
+            cleanup_tmp_directories=primary,  # in a thread of orbax's, awaited by the next save
         )
         self._manager = ocp.CheckpointManager(self.directory, options=options)
-
-    def _remove_unfinished_saves(self) -> None:
-        if not os.path.isdir(self.directory):
-            return
-        stale = sorted(n for n in os.listdir(self.directory) if TMP_MARKER in n)
-        for name in stale:
-            shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
-        if stale:
-            log.info("removed %d unfinished checkpoint save(s) in %s", len(stale), self.directory)
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()

@@ -1,13 +1,17 @@
-"""The checkpoint store's check of a restore template against the saved arrays' metadata."""
+"""The checkpoint store: its check of a restore template against the saved arrays' metadata,
+and the unfinished saves a killed process leaves."""
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
+import time
 from typing import NamedTuple
 
 import jax.numpy as jnp
 
-from metalearn.runner.checkpoints import CheckpointStore, stored_mismatch
+from metalearn.runner.checkpoints import CHECKSUMMED, CheckpointStore, stored_mismatch
 
 
 class State(NamedTuple):
@@ -54,3 +58,46 @@ def test_arrays_only_one_side_has_are_named(tmp_path):
 
 def test_unreadable_metadata_leaves_the_verdict_to_the_restore(tmp_path):
     assert stored_mismatch(str(tmp_path / "nothing_here"), State(jnp.array(0), {})) is None
+
+
+def _unfinished_save(directory) -> str:
+    """What a process killed mid-save leaves: orbax's temporary directory, here a complete copy
+    of step 3 (loadable, were it taken for a step)."""
+    tmp = os.path.join(directory, "5.orbax-checkpoint-tmp-1234")
+    shutil.copytree(os.path.join(directory, "3"), tmp)
+    return tmp
+
+
+def test_an_unfinished_save_is_never_restored_and_is_removed_when_the_store_is_reopened(
+    tmp_path, caplog
+):
+    saved(tmp_path)
+    tmp = _unfinished_save(tmp_path / "checkpoints")
+    with caplog.at_level(logging.INFO, logger="metalearn"):
+        store = CheckpointStore(str(tmp_path / "checkpoints"), 2)
+    assert "removing 1 unfinished checkpoint save(s)" in caplog.text
+    assert store.latest_step() == 3 and store.newest_intact_step() == 3
+    template = State(jnp.array(0), {"dense": {"kernel": jnp.ones((4, 2)), "bias": jnp.ones(2)}})
+    restored, metadata = store.restore_intact(template)
+    assert int(restored.step) == 3 and metadata == {"note": "x"}
+    deadline = time.monotonic() + 30  # orbax removes it in a thread of its own
+    while os.path.exists(tmp) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(tmp)
+    store.close()
+
+
+def test_the_next_save_waits_for_the_removal_and_only_the_primary_host_removes(tmp_path):
+    state_dir = saved(tmp_path)
+    tmp = _unfinished_save(tmp_path / "checkpoints")
+    other_host = CheckpointStore(str(tmp_path / "checkpoints"), 2, primary=False)
+    time.sleep(0.5)
+    assert os.path.exists(tmp) and other_host.latest_step() == 3
+    other_host.close()
+    store = CheckpointStore(str(tmp_path / "checkpoints"), 2)
+    template = State(jnp.array(4), {"dense": {"kernel": jnp.ones((4, 2)), "bias": jnp.ones(2)}})
+    store.save(4, template, {"note": "y"})
+    assert not os.path.exists(tmp)
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["3", "4", CHECKSUMMED]
+    assert stored_mismatch(state_dir, template) is None
+    store.close()
