@@ -15,13 +15,12 @@ that did best on validation).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import gc
 import hashlib
 import logging
 import os
 import shutil
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -38,6 +37,7 @@ MANIFEST = "checksums.sha256"
 # that did not finish (killed between orbax's rename and the manifest), not an older version's.
 CHECKSUMMED = "checksummed"
 DAMAGED = "damaged"
+DRAIN_SECONDS = 30.0  # how long a failed restore's other reads may take to end
 log = logging.getLogger("metalearn")
 
 
@@ -94,8 +94,8 @@ def stored_mismatch(state_dir: str, template: PyTree) -> str | None:
     them has, or the first shape that differs), from the checkpoint's metadata alone; None if
     they fit or the metadata cannot be read (the restore then tells).
 
-    Checked before restoring: a restore into a template that does not fit leaves orbax's
-    abandoned readers to print tracebacks when the process exits.
+    Checked before restoring, so that the refusal names the first array that differs in one
+    line, and no read of the arrays is started for a template that cannot fit.
     """
     try:
         metadata = ocp.StandardCheckpointHandler().metadata(epath.Path(state_dir))
@@ -155,16 +155,44 @@ def _sync_hosts(tag: str) -> None:
         multihost_utils.sync_global_devices(tag)
 
 
+class _DrainingLoop(asyncio.SelectorEventLoop):
+    """An event loop that, when closed, first lets the tasks still pending on it end.
+
+    Orbax closes the loop of a restore (``asyncio_utils.run_sync``) as soon as ``gather`` raises
+    the first failed read, the others still pending: as each ended, TensorStore's thread called
+    ``call_soon_threadsafe`` on the closed loop, and Python printed "RuntimeError: Event loop is
+    closed" tracebacks. Cancelling them instead is not enough: a read that ended just before its
+    cancellation still calls the loop. Those pending after DRAIN_SECONDS are cancelled.
+    """
+
+    def close(self) -> None:
+        if not self.is_closed() and not self.is_running():
+            pending = [task for task in asyncio.all_tasks(self) if not task.done()]
+            if pending:
+                _, late = self.run_until_complete(asyncio.wait(pending, timeout=DRAIN_SECONDS))
+                for task in late:
+                    task.cancel()
+                self.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        super().close()
+
+
+class _DrainingPolicy(asyncio.DefaultEventLoopPolicy):
+    def new_event_loop(self) -> asyncio.AbstractEventLoop:
+        return _DrainingLoop()
+
+
 @contextlib.contextmanager
-def _quiet_unraisable() -> Iterator[None]:
-    """Drop "Exception ignored in <coroutine>" reports while a restore attempt runs."""
-    previous = sys.unraisablehook
-    sys.unraisablehook = lambda unraisable: None
+def _draining_event_loops() -> Iterator[None]:
+    """Event loops made meanwhile (by orbax, in any thread) drain their pending tasks on close.
+
+    Through asyncio's policy, which ``asyncio.new_event_loop`` consults (deprecated from Python
+    3.14, still in effect up to 3.16)."""
+    previous = asyncio.get_event_loop_policy()
+    asyncio.set_event_loop_policy(_DrainingPolicy())
     try:
         yield
     finally:
-        gc.collect()  # let the abandoned coroutines be collected while silenced
-        sys.unraisablehook = previous
+        asyncio.set_event_loop_policy(previous)
 
 
 class CheckpointStore:
@@ -211,19 +239,20 @@ class CheckpointStore:
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
-        mismatch = stored_mismatch(os.path.join(self.step_dir(step), "state"), template)
-        if mismatch is not None:
-            raise RuntimeError(mismatch)
         abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, template)
         args = ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract), metadata=ocp.args.JsonRestore()
         )
-        try:
-            restored = self._manager.restore(step, args=args)
-        except Exception as err:  # orbax raises several types for unreadable files
-            raise RuntimeError(
-                f"checkpoint {self.step_dir(step)} cannot be read ({type(err).__name__})"
-            ) from err
+        with _draining_event_loops():  # no read of a failed restore outlives it
+            mismatch = stored_mismatch(os.path.join(self.step_dir(step), "state"), template)
+            if mismatch is not None:
+                raise RuntimeError(mismatch)
+            try:
+                restored = self._manager.restore(step, args=args)
+            except Exception as err:  # orbax raises several types for unreadable files
+                raise RuntimeError(
+                    f"checkpoint {self.step_dir(step)} cannot be read ({type(err).__name__})"
+                ) from err
         # Orbax returns NamedTuples (optax states, TrainState) as plain containers: re-impose
         # the template's tree structure on the restored leaves.
         treedef = jax.tree_util.tree_structure(template)
@@ -251,8 +280,7 @@ class CheckpointStore:
             problem = verify(self.step_dir(step), self._checksummed())
             if problem is None:
                 try:
-                    with _quiet_unraisable():  # orbax's abandoned readers, on a bad checkpoint
-                        result = self.restore(template, step)
+                    result = self.restore(template, step)
                 except RuntimeError as err:
                     reason = str(err.__cause__ or err)
                     problem = reason.splitlines()[0][:200]
