@@ -423,7 +423,7 @@ def test_a_damaged_checkpoint_of_an_older_layout_falls_back_without_orbax_noise(
 ):
     # Without a manifest the restore is the test. Orbax closed its event loop at the first read
     # that failed, with the others pending; as each ended, TensorStore's thread printed a
-    # "RuntimeError: Event loop is closed" traceback: in 12 of 40 such resumes (2 to 10 of 20,
+    # "RuntimeError: Event loop is closed" traceback: in 25 of 60 such resumes (2 to 13 of 20,
     # with the machine's load), hence three tries here; test_checkpoints.py's
     # test_a_failed_restore_leaves_no_read_behind_to_print_tracebacks makes 20 in one process.
     for attempt in range(3):
