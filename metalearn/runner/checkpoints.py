@@ -2,7 +2,8 @@
 
 Orbax writes each checkpoint into a temporary directory and renames it into place when it is
 complete, so a process that dies mid-write leaves only a ``*.orbax-checkpoint-tmp-*`` directory;
-those are never loaded and are removed when the store is next opened. After orbax finishes, a
+orbax never lists those as steps, and removes them when the store is next opened (its
+``cleanup_tmp_directories``, on the primary host only). After orbax finishes, a
 ``checksums.sha256`` manifest (one ``sha256  relative/path`` line per file) is written into the
 step directory. Loading verifies it: a checkpoint whose files were truncated, altered or deleted
 is moved aside to ``damaged/<step>-<time>/`` (never deleted) and the next older intact one is
@@ -14,13 +15,12 @@ that did best on validation).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import gc
 import hashlib
 import logging
 import os
 import shutil
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -37,7 +37,7 @@ MANIFEST = "checksums.sha256"
 # that did not finish (killed between orbax's rename and the manifest), not an older version's.
 CHECKSUMMED = "checksummed"
 DAMAGED = "damaged"
-TMP_MARKER = ".orbax-checkpoint-tmp"
+DRAIN_SECONDS = 30.0  # how long a failed restore's other reads may take to end
 log = logging.getLogger("metalearn")
 
 
@@ -94,8 +94,8 @@ def stored_mismatch(state_dir: str, template: PyTree) -> str | None:
     them has, or the first shape that differs), from the checkpoint's metadata alone; None if
     they fit or the metadata cannot be read (the restore then tells).
 
-    Checked before restoring: a restore into a template that does not fit leaves orbax's
-    abandoned readers to print tracebacks when the process exits.
+    Checked before restoring, so that the refusal names the first array that differs in one
+    line, and no read of the arrays is started for a template that cannot fit.
     """
     try:
         metadata = ocp.StandardCheckpointHandler().metadata(epath.Path(state_dir))
@@ -155,16 +155,44 @@ def _sync_hosts(tag: str) -> None:
         multihost_utils.sync_global_devices(tag)
 
 
+class _DrainingLoop(asyncio.SelectorEventLoop):
+    """An event loop that, when closed, first lets the tasks still pending on it end.
+
+    Orbax closes the loop of a restore (``asyncio_utils.run_sync``) as soon as ``gather`` raises
+    the first failed read, the others still pending: as each ended, TensorStore's thread called
+    ``call_soon_threadsafe`` on the closed loop, and Python printed "RuntimeError: Event loop is
+    closed" tracebacks. Cancelling them instead is not enough: a read that ended just before its
+    cancellation still calls the loop. Those pending after DRAIN_SECONDS are cancelled.
+    """
+
+    def close(self) -> None:
+        if not self.is_closed() and not self.is_running():
+            pending = [task for task in asyncio.all_tasks(self) if not task.done()]
+            if pending:
+                _, late = self.run_until_complete(asyncio.wait(pending, timeout=DRAIN_SECONDS))
+                for task in late:
+                    task.cancel()
+                self.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        super().close()
+
+
+class _DrainingPolicy(asyncio.DefaultEventLoopPolicy):
+    def new_event_loop(self) -> asyncio.AbstractEventLoop:
+        return _DrainingLoop()
+
+
 @contextlib.contextmanager
-def _quiet_unraisable() -> Iterator[None]:
-    """Drop "Exception ignored in <coroutine>" reports while a restore attempt runs."""
-    previous = sys.unraisablehook
-    sys.unraisablehook = lambda unraisable: None
+def _draining_event_loops() -> Iterator[None]:
+    """Event loops made meanwhile (by orbax, in any thread) drain their pending tasks on close.
+
+    Through asyncio's policy, which ``asyncio.new_event_loop`` consults (deprecated from Python
+    3.14, still in effect up to 3.16)."""
+    previous = asyncio.get_event_loop_policy()
+    asyncio.set_event_loop_policy(_DrainingPolicy())
     try:
         yield
     finally:
-        gc.collect()  # let the abandoned coroutines be collected while silenced
-        sys.unraisablehook = previous
+        asyncio.set_event_loop_policy(previous)
 
 
 class CheckpointStore:
@@ -173,21 +201,17 @@ class CheckpointStore:
     def __init__(self, directory: str, max_to_keep: int, primary: bool = True):
         self.directory = os.path.abspath(directory)
         self.primary = primary
-        if primary:
-            self._remove_unfinished_saves()
+        if primary and os.path.isdir(self.directory):  # orbax removes them, says nothing
+            count = len(ocp.path.step.all_temporary_paths(self.directory))
+            if count:
+                log.info("removing %d unfinished checkpoint save(s) in %s", count, self.directory)
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, enable_async_checkpointing=False, create=True
+            max_to_keep=max_to_keep,
+            enable_async_checkpointing=False,
+            create=True,
+            cleanup_tmp_directories=primary,  # in a thread of orbax's, awaited by the next save
         )
         self._manager = ocp.CheckpointManager(self.directory, options=options)
-
-    def _remove_unfinished_saves(self) -> None:
-        if not os.path.isdir(self.directory):
-            return
-        stale = sorted(n for n in os.listdir(self.directory) if TMP_MARKER in n)
-        for name in stale:
-            shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
-        if stale:
-            log.info("removed %d unfinished checkpoint save(s) in %s", len(stale), self.directory)
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -215,19 +239,20 @@ class CheckpointStore:
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
-        mismatch = stored_mismatch(os.path.join(self.step_dir(step), "state"), template)
-        if mismatch is not None:
-            raise RuntimeError(mismatch)
         abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, template)
         args = ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract), metadata=ocp.args.JsonRestore()
         )
-        try:
-            restored = self._manager.restore(step, args=args)
-        except Exception as err:  # orbax raises several types for unreadable files
-            raise RuntimeError(
-                f"checkpoint {self.step_dir(step)} cannot be read ({type(err).__name__})"
-            ) from err
+        with _draining_event_loops():  # no read of a failed restore outlives it
+            mismatch = stored_mismatch(os.path.join(self.step_dir(step), "state"), template)
+            if mismatch is not None:
+                raise RuntimeError(mismatch)
+            try:
+                restored = self._manager.restore(step, args=args)
+            except Exception as err:  # orbax raises several types for unreadable files
+                raise RuntimeError(
+                    f"checkpoint {self.step_dir(step)} cannot be read ({type(err).__name__})"
+                ) from err
         # Orbax returns NamedTuples (optax states, TrainState) as plain containers: re-impose
         # the template's tree structure on the restored leaves.
         treedef = jax.tree_util.tree_structure(template)
@@ -255,8 +280,7 @@ class CheckpointStore:
             problem = verify(self.step_dir(step), self._checksummed())
             if problem is None:
                 try:
-                    with _quiet_unraisable():  # orbax's abandoned readers, on a bad checkpoint
-                        result = self.restore(template, step)
+                    result = self.restore(template, step)
                 except RuntimeError as err:
                     reason = str(err.__cause__ or err)
                     problem = reason.splitlines()[0][:200]
