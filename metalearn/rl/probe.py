@@ -59,8 +59,8 @@ def load_trained_policy(run_dir: str, which: str = "latest", num_steps: int = 3)
     ValueError with a one-line message on a directory that is not a run, a run that is not
     MAML-RL, or a bad ``which`` or ``num_steps``.
     """
-    from metalearn.runner.saved_run import load_run
     from metalearn.rl.algorithm import evaluation_inner
+    from metalearn.runner.saved_run import load_run
 
     if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 0:
         raise ValueError(f"num_steps={num_steps!r}: give a count of inner steps, 0 or more")

@@ -162,8 +162,14 @@ class _DrainingLoop(asyncio.SelectorEventLoop):
     the first failed read, the others still pending: as each ended, TensorStore's thread called
     ``call_soon_threadsafe`` on the closed loop, and Python printed "RuntimeError: Event loop is
     closed" tracebacks. Cancelling them instead is not enough: a read that ended just before its
-    cancellation still calls the loop. Those pending after DRAIN_SECONDS are cancelled.
+    cancellation still calls the loop. Those pending after DRAIN_SECONDS are cancelled. The
+    failures of the reads that ended after the first are the same restore's, which the first
+    reported: they are not printed again as "Task exception was never retrieved".
     """
+
+    def call_exception_handler(self, context: dict) -> None:
+        if not str(context.get("message", "")).startswith("Task exception was never retrieved"):
+            super().call_exception_handler(context)
 
     def close(self) -> None:
         if not self.is_closed() and not self.is_running():
