@@ -190,7 +190,7 @@ def with_config(config_cls: type, config: Any, overrides: dict) -> Any:
 
 ALGORITHMS = Registry("algorithm")
 MODELS = Registry("model")
-TASKS = Registry("task distribution")
+TASKS = Registry("task family")
 GROUPS: dict[str, Registry] = {"algorithm": ALGORITHMS, "model": MODELS, "data": TASKS}
 # Parts a run selects by a setting other than a group's name, registered outside the registries
 # above: an RL environment (``metalearn.rl.envs.base.register_env``, selected by ``data.env``).

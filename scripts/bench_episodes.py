@@ -7,7 +7,7 @@ Two measures, each the median of ``--repeats`` runs:
 - ``loop``: one jitted ``lax.fori_loop`` draws ``--batches`` meta-batches and reduces each to a
   checksum, so nothing leaves the device: the sampling work alone.
 
-It uses only ``TaskDistribution.sample``, so it runs unchanged against older checkouts of the
+It uses only ``TaskFamily.sample``, so it runs unchanged against older checkouts of the
 library (``PYTHONPATH=<checkout> python scripts/bench_episodes.py ...``) for before/after tables.
 
     python scripts/bench_episodes.py --manual-dir ../shared/data/omniglot --data-dir /tmp/tfds

@@ -53,7 +53,7 @@ def build_parts(spec: dict[str, Any]):
     the same ``build_model`` (declared model parts) and the library's algorithm options
     (``MAMLConfig.unroll`` for a rolled inner loop)."""
     import metalearn.algorithms  # noqa: F401  (registers algorithms)
-    import metalearn.data  # noqa: F401  (registers task distributions)
+    import metalearn.data  # noqa: F401  (registers task families)
     import metalearn.models  # noqa: F401  (registers models)
     from metalearn.algorithms.maml import MAMLConfig
     from metalearn.data.task import family_objective

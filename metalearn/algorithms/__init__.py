@@ -1,20 +1,34 @@
 """Meta-learning algorithms, one file each, registered by name in ``ALGORITHMS``.
 
-``maml``, ``fomaml``, ``reptile``, ``anil``, ``meta_sgd``, ``mamlpp``, ``imaml``, ``protonet``:
-each factory takes the :class:`~metalearn.data.task.Objective` (a model scored on a task
+Each factory takes the :class:`~metalearn.data.task.Objective` (a model scored on a task
 family) and its config dataclass (the one home of its defaults; keyword overrides allowed), and
-returns a :class:`MetaLearner` of pure functions.
+returns a :class:`MetaLearner` of pure functions, as optax's transforms are functions:
+
+>>> from metalearn import algorithms
+>>> algorithms.maml.__name__, sorted(algorithms.__all__)[:3]
+('maml', ['InnerLoopConfig', 'MetaLearner', 'TaskContext'])
 """
 
-from metalearn.algorithms import (  # noqa: F401  (each registers itself)
-    anil,
-    imaml,
-    maml,
-    mamlpp,
-    meta_sgd,
-    protonet,
-    reptile,
-)
-from metalearn.algorithms.base import MetaLearner, TaskContext, context
+from metalearn.algorithms.anil import anil
+from metalearn.algorithms.base import InnerLoopConfig, MetaLearner, TaskContext, context
+from metalearn.algorithms.imaml import imaml
+from metalearn.algorithms.maml import fomaml, maml
+from metalearn.algorithms.mamlpp import mamlpp
+from metalearn.algorithms.meta_sgd import meta_sgd
+from metalearn.algorithms.protonet import protonet
+from metalearn.algorithms.reptile import reptile
 
-__all__ = ["MetaLearner", "TaskContext", "context"]
+__all__ = [
+    "InnerLoopConfig",
+    "MetaLearner",
+    "TaskContext",
+    "anil",
+    "context",
+    "fomaml",
+    "imaml",
+    "maml",
+    "mamlpp",
+    "meta_sgd",
+    "protonet",
+    "reptile",
+]

@@ -58,7 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from metalearn.data.class_split import ClassSplit
-from metalearn.data.task import Task, TaskDistribution, WeightedBatch
+from metalearn.data.task import Task, TaskFamily, WeightedBatch
 
 Shots = int | tuple[int, int]
 
@@ -260,8 +260,8 @@ def episode_distribution(
     ways_range: tuple[int, int] | None = None,
     shots_range: tuple[int, int] | None = None,
     train_ways: int | None = None,
-) -> TaskDistribution:
-    """A classification :class:`TaskDistribution` over per-split :class:`ClassSplit` layouts
+) -> TaskFamily:
+    """A classification :class:`TaskFamily` over per-split :class:`ClassSplit` layouts
     (or dense uint8 ``[classes, examples, H, W, C]`` arrays, all classes of equal size).
 
     ``split_images`` maps ``"train"``, ``"val"``, ``"test"`` to disjoint classes; they are put
@@ -349,7 +349,7 @@ def episode_distribution(
     placed: dict[str, ClassSplit | WaysSplit] = dict(splits)
     if train_ways != ways:
         placed["train"] = WaysSplit(splits["train"], train_ways)
-    return TaskDistribution(
+    return TaskFamily(
         splits={name: jax.device_put(split) for name, split in placed.items()},
         sample=sample,
         input_shape=image_shapes.pop(),

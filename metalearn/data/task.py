@@ -106,7 +106,6 @@ class TaskFamily(NamedTuple):
     objective: Callable[[Model], Objective] | None = None
 
 
-TaskDistribution = TaskFamily  # the name used before task families had objectives
 
 
 def family_objective(family: TaskFamily, model: Model, name: str = "the task family") -> Objective:

@@ -1,4 +1,4 @@
-"""Every registered task distribution builds: image ones on ``tfds.testing.mock_data``."""
+"""Every registered task family builds: image ones on ``tfds.testing.mock_data``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import tensorflow_datasets as tfds
 from omegaconf import OmegaConf
 
-from metalearn.data.task import TaskDistribution
+from metalearn.data.task import TaskFamily
 from metalearn.registry import TASKS
 
 IMAGE_SHAPES = {
@@ -65,7 +65,7 @@ def test_builds_on_tfds_mock_data(name, tmp_path):
     config = TASKS.entry(name).config_cls(ways=5, num_queries=3, data_dir=str(tmp_path))
     with tfds.testing.mock_data(as_data_source_fn=fake_data_source(shape)):
         tasks = TASKS.build(config)
-    assert isinstance(tasks, TaskDistribution)
+    assert isinstance(tasks, TaskFamily)
     assert tasks.input_shape == shape and tasks.num_outputs == tasks.ways == 5
     assert tasks.kind == "classification"
     rotations = 4 if name == "omniglot" else 1

@@ -238,6 +238,17 @@ def test_a_directory_holding_only_a_finished_evaluation_is_a_run(run_copy):
     one_line_error(train(run_copy, "seed=5"), "different config: seed 0 -> 5")
 
 
+def test_a_directory_holding_only_an_evaluation_of_evaluate_is_not_a_new_run(tmp_path):
+    # A directory whose only file was evaluate's eval_best.json was taken for a new run
+    # directory, and a run of any config was written beside that evaluation.
+    directory = tmp_path / "run"
+    directory.mkdir()
+    (directory / "eval_best.json").write_text("[]")
+    line = one_line_error(train(directory), "holds run outputs (eval_best.json) but no record")
+    assert "Nothing was changed" in line
+    assert snapshot(directory) == {"eval_best.json": b"[]"}  # as snapshot() reads a run
+
+
 def test_an_allowed_change_resumes_and_is_recorded(run_copy):
     refused = train(run_copy, "trainer.meta_steps=6")
     one_line_error(
