@@ -1,16 +1,14 @@
 """Orbax checkpoints of the training state: written atomically, verified when loaded.
 
-Orbax writes each checkpoint into a temporary directory and renames it into place when it is
-complete, so a process that dies mid-write leaves only a ``*.orbax-checkpoint-tmp-*`` directory;
-orbax never lists those as steps, and removes them when the store is next opened (its
-``cleanup_tmp_directories``, on the primary host only). After orbax finishes, a
+Orbax writes each checkpoint into a temporary directory and renames it into place when complete;
+a process that dies mid-write leaves only a ``*.orbax-checkpoint-tmp-*`` directory, which orbax
+never lists as a step and removes when the store is next opened (on the primary host). Then a
 ``checksums.sha256`` manifest (one ``sha256  relative/path`` line per file) is written into the
 step directory. Loading verifies it: a checkpoint whose files were truncated, altered or deleted
 is moved aside to ``damaged/<step>-<time>/`` (never deleted) and the next older intact one is
-used; one whose files verify but whose parameters do not fit the config (another model's
-shapes) is refused with :class:`CheckpointMismatchError` and left in place. Two stores live in a
-run directory: ``checkpoints/`` (the latest states, for resuming) and ``best/`` (the parameters
-that did best on validation).
+used; one that verifies but does not fit the config's parameters is refused with
+:class:`CheckpointMismatchError` and left in place. A run directory has two stores:
+``checkpoints/`` (the latest states, for resuming) and ``best/`` (the best on validation).
 """
 
 from __future__ import annotations
@@ -54,10 +52,9 @@ def file_digests(directory: str) -> dict[str, str]:
         for name in files:
             path = os.path.join(root, name)
             rel = os.path.relpath(path, directory)
-            if rel == MANIFEST:
-                continue
-            with open(path, "rb") as f:
-                digests[rel] = hashlib.file_digest(f, "sha256").hexdigest()
+            if rel != MANIFEST:
+                with open(path, "rb") as f:
+                    digests[rel] = hashlib.file_digest(f, "sha256").hexdigest()
     return dict(sorted(digests.items()))
 
 
@@ -91,12 +88,9 @@ def _names(path: tuple) -> tuple[str, ...]:
 
 def stored_mismatch(state_dir: str, template: PyTree) -> str | None:
     """How the arrays saved in ``state_dir`` differ from ``template``'s (an array only one of
-    them has, or the first shape that differs), from the checkpoint's metadata alone; None if
-    they fit or the metadata cannot be read (the restore then tells).
-
-    Checked before restoring, so that the refusal names the first array that differs in one
-    line, and no read of the arrays is started for a template that cannot fit.
-    """
+    them has, or the first shape that differs), from the checkpoint's metadata alone, so that no
+    read starts for a template that cannot fit; None if they fit or the metadata cannot be read
+    (the restore then tells)."""
     try:
         metadata = ocp.StandardCheckpointHandler().metadata(epath.Path(state_dir))
     except Exception:  # noqa: BLE001 - unreadable metadata: the restore reports the damage
@@ -115,16 +109,9 @@ def stored_mismatch(state_dir: str, template: PyTree) -> str | None:
     return None
 
 
-def _is_mismatch(message: str) -> bool:
-    return any(marker in message for marker in MISMATCH_MARKERS)
-
-
 def verify(directory: str, required: bool = True) -> str | None:
     """None if every file listed in the manifest is there unchanged, else what is wrong.
-
-    Without a manifest: wrong if ``required``; otherwise (a checkpoint of an older version) it
-    is not checked here, and loading it is the test.
-    """
+    Without a manifest: wrong if ``required``, else (an older version's) loading is the test."""
     path = os.path.join(directory, MANIFEST)
     if not os.path.exists(path):
         return f"no {MANIFEST}: its save did not finish" if required else None
@@ -158,13 +145,10 @@ def _sync_hosts(tag: str) -> None:
 class _DrainingLoop(asyncio.SelectorEventLoop):
     """An event loop that, when closed, first lets the tasks still pending on it end.
 
-    Orbax closes the loop of a restore (``asyncio_utils.run_sync``) as soon as ``gather`` raises
-    the first failed read, the others still pending: as each ended, TensorStore's thread called
-    ``call_soon_threadsafe`` on the closed loop, and Python printed "RuntimeError: Event loop is
-    closed" tracebacks. Cancelling them instead is not enough: a read that ended just before its
-    cancellation still calls the loop. Those pending after DRAIN_SECONDS are cancelled. The
-    failures of the reads that ended after the first are the same restore's, which the first
-    reported: they are not printed again as "Task exception was never retrieved".
+    Orbax closes a restore's loop as soon as its first read fails, the others pending; each of
+    those still calls the loop as it ends, even cancelled ("Event loop is closed" once closed).
+    Those pending after DRAIN_SECONDS are cancelled. Their failures are the restore's, which the
+    first reported: they are not printed as "Task exception was never retrieved".
     """
 
     def call_exception_handler(self, context: dict) -> None:
@@ -189,10 +173,8 @@ class _DrainingPolicy(asyncio.DefaultEventLoopPolicy):
 
 @contextlib.contextmanager
 def _draining_event_loops() -> Iterator[None]:
-    """Event loops made meanwhile (by orbax, in any thread) drain their pending tasks on close.
-
-    Through asyncio's policy, which ``asyncio.new_event_loop`` consults (deprecated from Python
-    3.14, still in effect up to 3.16)."""
+    """Event loops made meanwhile (by orbax, in any thread) drain their pending tasks on close
+    (through asyncio's policy: deprecated from Python 3.14, in effect up to 3.16)."""
     previous = asyncio.get_event_loop_policy()
     asyncio.set_event_loop_policy(_DrainingPolicy())
     try:
@@ -276,11 +258,8 @@ class CheckpointStore:
         return None
 
     def restore_intact(self, template: PyTree) -> tuple[PyTree, dict] | None:
-        """The newest checkpoint that verifies and loads; damaged newer ones are moved aside.
-
-        Returns None when there is no intact checkpoint. One warning line names each damaged
-        checkpoint, where it went, and what is used instead.
-        """
+        """The newest checkpoint that verifies and loads (None if none does); damaged newer ones
+        are moved aside, named in one warning line with where they went."""
         damaged, result, used = [], None, None
         for step in sorted(self._manager.all_steps(), reverse=True):
             problem = verify(self.step_dir(step), self._checksummed())
@@ -290,11 +269,8 @@ class CheckpointStore:
                 except RuntimeError as err:
                     reason = str(err.__cause__ or err)
                     problem = reason.splitlines()[0][:200]
-                    if _is_mismatch(reason) and os.path.exists(
-                        os.path.join(self.step_dir(step), MANIFEST)
-                    ):
-                        # Every file verified, so the files are fine: the config asks for
-                        # parameters of another shape or structure. Nothing is moved.
+                    intact = os.path.exists(os.path.join(self.step_dir(step), MANIFEST))
+                    if intact and any(m in reason for m in MISMATCH_MARKERS):
                         raise CheckpointMismatchError(
                             f"the checkpoint of step {step} in {self.directory} is intact but "
                             f"does not fit this config's parameters ({problem.rstrip(':')}): a "

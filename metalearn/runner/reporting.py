@@ -20,15 +20,11 @@ class MetricsWriter:
     """Appends one JSON object per logged step to ``metrics.jsonl`` and mirrors scalars to TB.
 
     On resume, lines from steps after the restored checkpoint are dropped, and a record for a
-    (step, split) already in the file replaces it (the final validation of a run interrupted
-    during its test evaluation is redone), so the file always describes one consistent run.
-    Unreadable lines are moved to ``metrics.jsonl.unreadable``, with a warning.
-
-    ``tensorboard/`` holds the same scalars as ``metrics.jsonl``, whatever stopped the run
-    before: each record is flushed as it is written, and when the run starts or a record is
-    replaced the events are written again from ``metrics.jsonl`` into a new file, the earlier
-    event files removed. (TensorBoard's own ``purge_step`` cannot do it: a run killed with
-    SIGKILL left an empty event file, and the scalars up to its checkpoint were lost.)
+    (step, split) already in the file replaces it (a final validation redone), so the file
+    describes one consistent run; unreadable lines are moved to ``metrics.jsonl.unreadable``.
+    ``tensorboard/`` holds the same scalars, whatever stopped the run before: each record is
+    flushed as it is written, and when the run starts or a record is replaced the events are
+    written again from ``metrics.jsonl`` into a new file, the earlier ones removed.
     """
 
     def __init__(self, workdir: str, resume_step: int = 0, enabled: bool = True):
@@ -43,14 +39,13 @@ class MetricsWriter:
             self._set_aside_unreadable(lines)
             kept = [line for line in lines if _line_key(line)[0] <= resume_step]
         self._keys = {_line_key(line) for line in kept}
-        self._rewrite(kept)
         self._tb_dir = os.path.join(workdir, "tensorboard")
-        self._tb = None
-        self._rewrite_tensorboard(kept)
+        self._file = self._tb = None
+        self._rewrite(kept)
 
     def _set_aside_unreadable(self, lines: list[str]) -> None:
         """Append unreadable lines to ``metrics.jsonl.unreadable`` and say so; a half-written
-        last line (a run killed while writing it, no newline) is dropped without a word."""
+        last line (no newline: a kill while writing it) is dropped without a word."""
         last_half_written = bool(lines) and not lines[-1].endswith("\n")
         unreadable = [
             (number, line)
@@ -72,21 +67,31 @@ class MetricsWriter:
         )
 
     def _rewrite(self, lines: list[str]) -> None:
+        """Write ``lines`` as ``metrics.jsonl`` and, into a new event file, as TensorBoard
+        scalars; then remove the earlier event files."""
+        if self._file is not None:
+            self._file.close()
+            self._tb.close()
         with open(self.path + ".tmp", "w") as f:
             f.writelines(lines)
         os.replace(self.path + ".tmp", self.path)
         self._file = open(self.path, "a")  # noqa: SIM115  (closed in close())
+        earlier = glob.glob(os.path.join(glob.escape(self._tb_dir), "events.out.tfevents.*"))
+        self._tb = _EventFile(self._tb_dir)
+        for line in lines:
+            self._add_scalars(json.loads(line))
+        self._tb.flush()
+        for path in earlier:
+            os.remove(path)
 
     def write(self, record: dict) -> None:
         if not self.enabled:
             return
         key = (int(record["step"]), str(record.get("split")))
         if key in self._keys:  # redone after a resume: replace the earlier record
-            self._file.close()
             with open(self.path) as f:
                 kept = [line for line in f if _line_key(line) != key]
             self._rewrite(kept)
-            self._rewrite_tensorboard(kept)
         self._keys.add(key)
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
@@ -103,18 +108,6 @@ class MetricsWriter:
             mean = entry["mean"]  # None when every task is non-finite: NaN in TensorBoard
             self._tb.add_scalar(tag, float("nan") if mean is None else mean, step)
 
-    def _rewrite_tensorboard(self, lines: list[str]) -> None:
-        """Write the records of ``lines`` to a new event file, then remove the earlier ones."""
-        if self._tb is not None:
-            self._tb.close()
-        earlier = glob.glob(os.path.join(glob.escape(self._tb_dir), "events.out.tfevents.*"))
-        self._tb = _EventFile(self._tb_dir)
-        for line in lines:
-            self._add_scalars(json.loads(line))
-        self._tb.flush()
-        for path in earlier:
-            os.remove(path)
-
     def close(self) -> None:
         if self.enabled:
             self._file.close()
@@ -126,15 +119,14 @@ class _EventFile:
     writes from a thread that its ``flush`` does not wait for, so SIGKILL lost what it held."""
 
     def __init__(self, directory: str):
-        # Imported here: tensorboardX imports torch when it is installed (about 1 s), which
-        # commands that never write metrics (evaluate, a config error) should not pay.
+        # Imported here: tensorboardX imports torch when installed (about 1 s), which commands
+        # that never write metrics should not pay.
         from tensorboardX.event_file_writer import EventsWriter
         from tensorboardX.proto.event_pb2 import Event
         from tensorboardX.summary import scalar
 
         os.makedirs(directory, exist_ok=True)
-        # A name of its own: tensorboardX names files by the second, and two files opened within
-        # one second would be one (the second truncating the first).
+        # A name of its own: tensorboardX names files by the second (two would be one).
         suffix = f".{uuid.uuid4().hex[:12]}"
         self._writer = EventsWriter(os.path.join(directory, "events"), suffix)
         self._event, self._scalar = Event, scalar
@@ -160,13 +152,6 @@ def _line_key(line: str) -> tuple[int, str | None]:
         return sys.maxsize, None
 
 
-class _FileOnly(logging.Filter):
-    """Drops records marked ``file_only`` (per-step lines while a bar shows them on screen)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not getattr(record, "file_only", False)
-
-
 def timed_rate(steps: int, seconds: float) -> float | None:
     """Steps per second over timed training, or ``None`` when no step was timed.
 
@@ -181,10 +166,8 @@ def timed_rate(steps: int, seconds: float) -> float | None:
 class Progress:
     """A progress bar with steps/s and loss on a terminal; plain log lines otherwise.
 
-    While the bar is shown, console log records are written above it (``tqdm.write``) instead
-    of through it, and the per-step lines go to the log files (``train.log``) only.
-    Steps/s count training time only: :meth:`update` takes the seconds spent on anything else
-    (compiling, validating) so far and leaves them out.
+    While the bar is shown, console log records are written above it (``tqdm.write``), and the
+    per-step lines go to the log files (``train.log``) only.
     """
 
     def __init__(self, total: int, initial: int, mode: str):
@@ -194,7 +177,8 @@ class Progress:
         self._last_untimed, self._last_untimed_steps = 0.0, 0
         self._bar = None
         self._console: list[logging.Handler] = []
-        self._file_only = _FileOnly()
+        # Drops records marked ``file_only`` (per-step lines while the bar shows them).
+        self._file_only = lambda record: not getattr(record, "file_only", False)
         if use_bar:
             self._redirect = logging_redirect_tqdm(loggers=[logging.root])
             self._redirect.__enter__()
@@ -217,12 +201,10 @@ class Progress:
         untimed_seconds: float = 0.0,
         untimed_steps: int = 0,
     ) -> float | None:
-        """Report metrics at ``step``; returns training steps/s since the previous report.
-
-        ``untimed_seconds`` is the running total of time spent outside training steps
-        (compiling, validating) and ``untimed_steps`` the running total of steps run inside it
-        (a compiling call's); what they grew by since the previous report is left out. ``None``
-        (and no rate on the line) when every step since then ran while compiling.
+        """Report metrics at ``step``; returns training steps/s since the previous report, or
+        None when every step since then ran while compiling. ``untimed_seconds`` and
+        ``untimed_steps`` are running totals of the time outside training steps (compiling,
+        validating) and of the steps run inside it: what they grew by is left out.
         """
         now = time.perf_counter()
         rate = timed_rate(

@@ -10,9 +10,7 @@ ends the process at once with exit status ``128 + signal``.
 In a job of submitit's (Hydra's submitit launcher), its requeue signal (:func:`requeue_signal`:
 SLURM's warning before the job's time limit, and a pre-emption) is a stop too, remembered in
 ``StopRequest.requeue``: the caller hands it back to submitit once the checkpoint is saved
-(:func:`hand_back_to_launcher`), and submitit requeues the job, which resumes from it. Before,
-submitit's handler requeued and exited from inside the training step, and the requeued job
-repeated every step since the last periodic checkpoint.
+(:func:`hand_back_to_launcher`), and submitit requeues the job, which resumes from it.
 """
 
 from __future__ import annotations
@@ -33,10 +31,9 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def requeue_signal() -> int | None:
-    """The signal on which submitit requeues this process's job, when it is a submitit job
-    (SLURM sends it ``signal_delay_s`` before the time limit, and on a pre-emption; submitit's
-    local executor likewise); else None. submitit names it in ``SUBMITIT_PREEMPT_SIGNAL``
-    (default ``USR2``) and sets ``SUBMITIT_FOLDER`` in every job.
+    """The signal on which submitit requeues this process's job (``SUBMITIT_PREEMPT_SIGNAL``,
+    default ``USR2``; SLURM sends it before the time limit and on a pre-emption), or None
+    outside a submitit job (which has ``SUBMITIT_FOLDER`` set).
 
     >>> requeue_signal() is None  # not a submitit job
     True
@@ -47,10 +44,9 @@ def requeue_signal() -> int | None:
 
 
 def hand_back_to_launcher(signum: int) -> str | None:
-    """Call the handler that the job's launcher installed for ``signum`` (submitit's: it
-    requeues the job and exits by raising SystemExit), once what the signal stopped is saved.
-    Returns why the job was not requeued (submitit's message), or None when the handler
-    returned without requeuing (a task other than the job's first)."""
+    """Call the launcher's handler for ``signum`` (submitit's requeues the job and raises
+    SystemExit) once what the signal stopped is saved. Returns why the job was not requeued,
+    or None when the handler returned without requeuing (a task other than the job's first)."""
     handler = signal.getsignal(signum)
     if not callable(handler):
         return f"no handler for {signal.Signals(signum).name} to requeue the job"
@@ -64,10 +60,8 @@ def hand_back_to_launcher(signum: int) -> str | None:
 
 
 class Interrupted(BaseException):
-    """A SIGINT or SIGTERM arrived outside the training loop.
-
-    A BaseException, like KeyboardInterrupt, so that no ``except Exception`` on the way (logging
-    swallows errors raised while it writes) can catch it.
+    """A SIGINT or SIGTERM arrived outside the training loop; a BaseException, like
+    KeyboardInterrupt, so that no ``except Exception`` on the way (logging's among them) catches it.
 
     >>> Interrupted(15).exit_code, Interrupted(2).name
     (143, 'SIGINT')
@@ -88,11 +82,10 @@ class Interrupted(BaseException):
 
 
 def exit_at_once(code: int) -> None:
-    """End the process with ``code`` now, after flushing what it printed and logged (and
-    shutting down JAX's distributed client, as JAX's own exit handler does), without Python's
-    exit handlers: a normal exit waits for an XLA compilation that a signal interrupted (it
-    runs on, minutes for a long program). Call it only once everything worth keeping is
-    written; it ends the interpreter, not only the call (in a notebook too)."""
+    """End the process with ``code`` now, after flushing what it printed and logged, without
+    Python's exit handlers: a normal exit waits for an XLA compilation that a signal interrupted
+    (minutes for a long program). Call it once everything worth keeping is written; it ends the
+    interpreter, in a notebook too."""
     for handler in logging.getLogger().handlers + log.handlers:
         with contextlib.suppress(Exception):
             handler.flush()
@@ -106,20 +99,9 @@ def exit_at_once(code: int) -> None:
     os._exit(code)
 
 
-def jax_process_count() -> int:
-    """The number of processes of the run (1 unless JAX was imported and initialised as one of
-    several: this module does not import JAX itself)."""
-    jax = sys.modules.get("jax")
-    return 1 if jax is None else jax.process_count()
-
-
-# Every Interrupted raised by a signal, kept until the process ends, with its traceback and so
-# with every frame it interrupted. A signal during a compilation cancels JAX's wait for it, but
-# XLA's worker thread goes on converting the program inside the MLIR context of the lowering,
-# which those frames hold: letting go of the exception freed the context under the worker (a
-# segmentation fault in mlir::StringAttr::get, after the stop line was logged, for 17 of 60
-# signals sent 1.3-1.7 s into a long run's compilation on 2 cores; none of 60 with it kept).
-# The process ends soon after (exit_at_once, without freeing anything).
+# Every Interrupted raised by a signal, kept (with the frames it interrupted) until the process
+# ends, soon after (exit_at_once): a signal cancels JAX's wait for a compilation, but XLA's
+# worker thread goes on inside the MLIR context those frames hold (freeing it: a segfault).
 INTERRUPTED_FRAMES_KEPT: list[Interrupted] = []
 
 # How long a signal that landed in a garbage-collection callback waits to be delivered again.
@@ -127,8 +109,7 @@ REDELIVERY_SECONDS = 0.05
 
 
 class _Collection:
-    """Whether the garbage collector is running (a ``gc.callbacks`` entry): the weakref
-    callbacks and finalizers it calls print and drop any exception."""
+    """Whether the garbage collector is running (a ``gc.callbacks`` entry)."""
 
     running = False
 
@@ -152,11 +133,8 @@ def _swallowing_exceptions(frame) -> bool:
 
 
 class StopRequest:
-    """Context manager: SIGINT/SIGTERM become a flag (in ``deferred()``) or :class:`Interrupted`.
-
-    ``phase`` names what the run is doing, for the message. Outside the main thread (where
-    handlers cannot be installed) it does nothing.
-    """
+    """Context manager: SIGINT/SIGTERM become a flag (in ``deferred()``) or :class:`Interrupted`
+    (``phase`` names what the run is doing). Outside the main thread it does nothing."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -185,9 +163,8 @@ class StopRequest:
     @contextlib.contextmanager
     def at_once(self, phase: str, when: bool = True) -> Iterator[StopRequest]:
         """Within ``deferred()``, a block (when ``when``) where a signal raises
-        :class:`Interrupted` at once, as outside it: one where stopping loses nothing, such as
-        compiling the training step from the state last saved (minutes for a long program,
-        which a deferred stop would wait for; JAX lets the signal through the compilation)."""
+        :class:`Interrupted` at once: one where stopping loses nothing, such as compiling the
+        step from the state last saved (minutes that a deferred stop would wait for)."""
         if not when:
             yield self
             return
@@ -228,14 +205,11 @@ class StopRequest:
 
     def agreed(self) -> bool:
         """Whether any process of the run has been asked to stop (``requested`` on one
-        process); every process must call it at the same point, between two training calls.
-
-        The processes of a distributed run each get their own signal, if any (``kill`` of one,
-        or SLURM's signals landing on either side of a call boundary): one stopped to save a
-        checkpoint, a collective operation the others never joined, and the run hung until
-        killed, its checkpoint unsaved. Now they stop together, the signal of the first
-        process that had one taken by all."""
-        if jax_process_count() == 1:
+        process); every process calls it at the same point, between two training calls. Each
+        process gets its own signal, if any, and one stopping alone would leave the others in a
+        collective it never joins: they stop together, taking the first signalled one's signal."""
+        jax = sys.modules.get("jax")  # not imported here: one process unless JAX was started
+        if jax is None or jax.process_count() == 1:
             return self.requested
         from jax.experimental import multihost_utils
 
