@@ -32,8 +32,7 @@ DATA_PROBE_TASKS = 256  # sampled only: their values are checked, no model is ru
 def inner_loop_verdict(
     before: np.ndarray, after: np.ndarray, steps: int, rate: Any, setting: str = "inner_lr"
 ) -> str:
-    """Advice from per-task query losses before and after ``steps`` inner steps at ``rate``
-    (the algorithm's ``setting``).
+    """Advice from per-task query losses before and after ``steps`` inner steps at ``rate``.
 
     >>> inner_loop_verdict(np.array([1.0, 2.0]), np.array([np.nan, 1e9]), 5, 1e4)[:58]
     'the inner loop diverges from the last good parameters (mea'
@@ -54,13 +53,8 @@ def inner_loop_verdict(
 
 
 def divergence_advice(exp: Experiment, train_arrays: Any, good: Trained) -> str:
-    """What to change after a NaN, judged from ``good`` (the last finite parameters and state);
-    ``train_arrays``: the training split, placed as the run places it.
-
-    Before any learning rate is blamed, ``DATA_PROBE_TASKS`` training tasks are sampled and
-    checked (non-finite values, labels out of range), and the query loss is computed before
-    adaptation: non-finite there, the model's outputs or the loss are at fault, not a rate.
-    """
+    """What to change after a NaN (see the module's docstring), judged from ``good`` (the last
+    finite parameters and state); ``train_arrays``: the training split, placed as the run does."""
     cfg, mesh = exp.plan.config, exp.plan.mesh
     shots = cfg.trainer.shots
     try:

@@ -35,11 +35,9 @@ def mean_and_ci95(values: Sequence[float] | np.ndarray) -> tuple[float, float]:
     return float(values.mean()), float(1.96 * values.std(ddof=1) / math.sqrt(values.size))
 
 
-# A task has diverged when its value is not finite or, for the objective's primary metric when
-# the objective minimises it (a loss, whatever its name), when it exceeds DIVERGENCE_FACTOR times
-# the larger of its own loss before adaptation (0 inner steps) and the median over tasks of that
-# loss (so a nearly flat task, a sinusoid of amplitude 0.1, whose loss goes from 0.01 to 0.3, is
-# not called diverged).
+# A task has diverged when its value is not finite or, for a loss (the objective's primary metric
+# when minimised), above DIVERGENCE_FACTOR times the larger of its loss before adaptation and the
+# median over tasks of that loss (so a nearly flat task going from 0.01 to 0.3 is not).
 DIVERGENCE_FACTOR = 10.0
 
 
@@ -69,8 +67,7 @@ def _finite_or_none(x: float) -> float | None:
 def diverged_mask(
     values: np.ndarray, before: np.ndarray | None = None, *, lower_is_better: bool = True
 ) -> np.ndarray:
-    """Per task, whether it diverged (the rule above): its value is not finite or, for a loss
-    with ``before`` given, above ``DIVERGENCE_FACTOR`` times ``max(before, median(before))``.
+    """Per task, whether it diverged (the rule above; the loss rule when ``before`` is given).
 
     >>> diverged_mask(np.array([0.2, 40.0, np.nan, 31.0]), np.array([3.0, 3.0, 3.0, 0.01])).tolist()
     [False, True, True, True]
@@ -92,12 +89,10 @@ def summarize(
 ) -> dict:
     """Mean and ci95 over the finite per-task values; the median over all; divergence counts.
 
-    ``nonfinite`` counts the tasks whose value is infinite or NaN (left out of the mean).
-    ``diverged`` counts those and, for a loss (``lower_is_better``) when ``before`` (the same
-    tasks' values before adaptation) is given, the finite blow-ups above ``DIVERGENCE_FACTOR``
-    times ``max(before, median(before))``. ``median`` and ``median_ci95`` are over ALL tasks, a
-    non-finite one counted as the worst value, so a few blow-ups cannot move them; a bound that
-    falls on a non-finite task is ``None``.
+    ``nonfinite`` counts the tasks whose value is infinite or NaN (left out of the mean),
+    ``diverged`` those of :func:`diverged_mask` (``before``: the values before adaptation).
+    ``median`` and ``median_ci95`` are over ALL tasks, a non-finite one counted as the worst
+    value, so a few blow-ups cannot move them; a bound on a non-finite task is ``None``.
 
     >>> r = summarize(np.array([1.0, 2.0, 3.0, 4.0, np.inf, np.nan, 1e20]), before=np.full(7, 5.0))
     >>> r["nonfinite"], r["diverged"], r["median"]
@@ -123,7 +118,8 @@ def summarize(
 
 def paired_change(after: np.ndarray, before: np.ndarray) -> dict:
     """``{"change": mean, "change_ci95": half-width}`` of ``after - before`` over the tasks
-    where both are finite (``None`` when no task or only one is).
+    where both are finite (``None`` when no task or only one is): a paired interval, much
+    narrower than the two values' own when tasks differ more than adaptation moves them.
 
     >>> paired_change(np.array([-10.0, -50.0, -90.0]), np.array([-12.0, -51.0, -93.0]))
     {'change': 2.0, 'change_ci95': 1.1316...}
@@ -162,15 +158,11 @@ def evaluate_split(
     Records look like ``{"metric": "mse", "shots": 5, "steps": 10, "mean": ..., "ci95": ...,
     "median": ..., "median_ci95": [lo, hi], "nonfinite": 0, "diverged": 0, "tasks": 600}``
     (see :func:`summarize`), with ``"ways"`` added when ``ways`` is given. When ``steps`` has 0,
-    a record after k > 0 steps also has ``"change"`` and ``"change_ci95"``: the mean over tasks
-    of each task's value after k steps minus its own value before adaptation, and its 95% CI
-    (a paired interval: much narrower than the two records' own intervals when tasks differ
-    more from each other than adaptation moves them, as RL returns do; :func:`paired_change`).
-    ``objective`` (any object with ``primary_metric`` and ``maximize``, e.g.
-    :class:`metalearn.data.task.Objective`)
-    says which metric is a loss: its primary metric when it is minimised. That metric's column
-    at 0 steps (when ``steps`` has 0) is the loss before adaptation that finite blow-ups are
-    measured against; for every other metric only non-finite tasks count as diverged.
+    a record after k > 0 steps also has the ``"change"`` from before adaptation and its
+    ``"change_ci95"`` (:func:`paired_change`). ``objective`` (e.g.
+    :class:`metalearn.data.task.Objective`) says which metric is a loss: its primary metric
+    when minimised, whose column at 0 steps finite blow-ups are measured against; for every
+    other metric only non-finite tasks count as diverged.
     ``on_chunk(shots, tasks_done)``, if given, is called as each jitted call finishes (for a
     progress bar).
     """
@@ -236,7 +228,7 @@ def selection_score(records: list[dict], objective: Any, shots: int) -> float:
     """
     metric = objective.primary_metric
     candidates = [r for r in records if r["metric"] == metric]
-    if not candidates:  # it was "max() arg is an empty sequence"
+    if not candidates:
         found = ", ".join(sorted({r["metric"] for r in records})) or "none"
         raise ValueError(
             f"the objective's primary metric {metric!r} is not among the metrics its evaluation "
@@ -265,22 +257,16 @@ def format_record(record: dict) -> str:
     if record["mean"] is None:
         return f"{head}: all {record['tasks']} tasks non-finite"
     ci = f" ± {record['ci95']:.4f}" if record["ci95"] is not None else ""
-    median = ""
+    median = change = tail = ""
     if record.get("median") is not None:
-        bounds = ", ".join(
-            "n/a" if b is None else f"{b:.4f}" for b in record.get("median_ci95", [None, None])
-        )
+        bounds = record.get("median_ci95", [None, None])
+        bounds = ", ".join("n/a" if b is None else f"{b:.4f}" for b in bounds)
         median = f", median {record['median']:.4f} [{bounds}]"
-    change = ""
     if record.get("change") is not None:
         change_ci = record.get("change_ci95")
-        change = f", change from 0 steps {record['change']:+.4f}" + (
-            f" ± {change_ci:.4f}" if change_ci is not None else ""
-        )
-    diverged = record.get("diverged", record["nonfinite"])
-    tail = ""
+        change = f", change from 0 steps {record['change']:+.4f}"
+        change += f" ± {change_ci:.4f}" if change_ci is not None else ""
+    nonfinite, diverged = record["nonfinite"], record.get("diverged", record["nonfinite"])
     if diverged:
-        tail = (
-            f" ({diverged} of {record['tasks']} tasks diverged, {record['nonfinite']} non-finite)"
-        )
+        tail = f" ({diverged} of {record['tasks']} tasks diverged, {nonfinite} non-finite)"
     return f"{head}: {record['mean']:.4f}{ci}{median}{change}{tail}"

@@ -55,7 +55,7 @@ def write_error_details(workdir: str, details: str) -> None:
 
 def read_status(job_dir: Path) -> dict | None:
     """The job's status record, or None if it wrote none (still running, or killed) or it
-    cannot be read as one (a field of the wrong kind too: the sweep summary printed ``5``).
+    cannot be read as one (a field of the wrong kind included).
 
     >>> import tempfile
     >>> job = Path(tempfile.mkdtemp())
@@ -94,8 +94,8 @@ def job_dirs(sweep_dir: Path) -> list[Path]:
 
 def _launched_since(job: Path, status: dict | None, since: float) -> bool:
     """Whether this sweep ran ``job``: it recorded how it ended (``status``), or Hydra logged
-    its start (a job killed before recording), after ``since``. (A rerun writes into the same
-    files, so the directory's own time does not tell.)"""
+    its start (a job killed before recording), after ``since`` (a rerun writes into the same
+    files, so the directory's own time does not tell)."""
     if status is not None and float(status.get("time", 0.0)) >= since:
         return True
     log = job / "train.log"

@@ -38,10 +38,9 @@ def require_matplotlib() -> ModuleType:
 
 def save_figure(fig, out, fmt: str, dpi: int) -> None:
     """Lay out ``fig`` and write it to ``out`` as given (without an extension matplotlib would
-    write, and overwrite, OUT.png), in format ``fmt``; ValueError (one line) when matplotlib
-    cannot draw it: a label or title it reads as mathtext (between ``$`` signs) and cannot
-    parse, or a format that needs a program not installed here (``.pgf``: LaTeX). It printed a
-    multi-line parser report, or an 89-line traceback."""
+    write OUT.png), in format ``fmt``; ValueError (one line) when matplotlib cannot draw it: a
+    label it reads as mathtext (between ``$`` signs) and cannot parse, or a format that needs a
+    program not installed here (``.pgf``: LaTeX)."""
     try:
         fig.tight_layout()  # it lays out the text, parsing it
         fig.savefig(out, dpi=dpi, format=fmt)
@@ -96,8 +95,7 @@ def check_eval_record(record: object) -> None:
     """Raise ValueError (a phrase to put after the file's name) unless ``record`` reads as one
     record of ``eval.json`` (or of ``metrics.jsonl``'s ``eval`` list): a metric name, counts of
     shots and inner steps, and numbers or null where the evaluation writes numbers. The one
-    check of what ``collect_sweep``, ``plot_rl_returns`` and ``plot_learning_curves`` read; a
-    file edited by hand was tabulated as it was, or a TypeError traceback.
+    check of what ``collect_sweep``, ``plot_rl_returns`` and ``plot_learning_curves`` read.
 
     >>> check_eval_record({"metric": "mse", "shots": 5, "steps": 10, "mean": 0.35, "ci95": None})
     >>> check_eval_record({"metric": "mse", "shots": 5, "steps": 10, "mean": "0.35"})
@@ -121,15 +119,14 @@ def check_eval_record(record: object) -> None:
     bounds = record.get("median_ci95", [None, None])
     if not isinstance(bounds, list) or len(bounds) != 2:
         raise ValueError(f"a record with median_ci95 {bounds!r}, not a pair [low, high]")
-    for value in bounds:
-        if value is not None and not is_float(value):
-            raise ValueError(f"a record with median_ci95 {bounds!r}, not numbers or null")
+    if any(value is not None and not is_float(value) for value in bounds):
+        raise ValueError(f"a record with median_ci95 {bounds!r}, not numbers or null")
 
 
 def check_image_out(out: str | os.PathLike, flag: str, example: str) -> str:
     """:func:`check_output_file` for a figure, and the format matplotlib writes it in (its
     extension, PNG without one); ValueError (one line) for a format it cannot write. Called
-    before any run is read: matplotlib refused it only at the end, without naming the flag."""
+    before any run is read."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     formats = FigureCanvasAgg.get_supported_filetypes()
