@@ -3,10 +3,8 @@
 ``trainer.compilation_cache`` picks the directory: ``auto`` (the default) is
 ``$JAX_COMPILATION_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/metalearn/jax``, else
 ``~/.cache/metalearn/jax``; any other string is a directory; ``off`` or null disables the cache.
-JAX caches programs whose compilation took at least
-``jax_persistent_cache_min_compile_time_secs`` (1 s by default; the environment variable
-``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`` changes it), so only the expensive meta-steps
-and evaluation steps are stored. It must be set up before the first computation of the process.
+JAX caches programs whose compilation took at least 1 s (or
+``$JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS``). Set up before the process's first computation.
 """
 
 from __future__ import annotations
@@ -43,13 +41,10 @@ def cache_directory(setting: str | None, environ: dict[str, str] | None = None) 
 
 
 def enable_compilation_cache(setting: str | None) -> str | None:
-    """Point JAX's persistent cache at the directory of ``setting`` (or turn it off).
-
-    Returns the directory in use, or None. Under ``auto``, a directory that cannot be created
-    turns the cache off with a warning rather than failing the run; a directory named in the
-    setting must be absolute and usable (ValueError, one line: a typo of ``off`` such as ``of``
-    made a cache directory wherever the command ran).
-    """
+    """Point JAX's persistent cache at the directory of ``setting`` (or turn it off); returns
+    the directory in use, or None. Under ``auto``, a directory that cannot be created turns the
+    cache off with a warning; a named one must be absolute (so that a typo of ``off`` is not
+    made a directory) and usable, else ValueError."""
     directory = cache_directory(setting)
     named = directory is not None and setting != "auto"
     if named and not os.path.isabs(directory):

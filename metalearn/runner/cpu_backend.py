@@ -40,10 +40,8 @@ def prepare_machine(cfg: Config, *, training: bool = True) -> None:
 
 
 def cpu_devices_for(cfg: Config, cores: int | None = None) -> int:
-    """XLA:CPU devices a run asks for before JAX starts: one per core for a convolutional
-    model under ``trainer.task_batching: auto`` (see :func:`auto_cpu_devices`), else one.
-    ``task_batching: map`` (or ``trainer.shard_tasks: false``) keeps one device looping over
-    all the tasks.
+    """XLA:CPU devices a run asks for before JAX starts: :func:`auto_cpu_devices` under
+    ``trainer.task_batching: auto`` with ``trainer.shard_tasks`` on one host, else one.
 
     >>> from metalearn.config import TrainerConfig
     >>> from metalearn.models.conv4 import Conv4Config
@@ -89,14 +87,10 @@ def linalg_size_on_cpu_devices(cfg: Config, platform: str, device_count: int) ->
 ONE_THREAD_PER_CPU_DEVICE = "--xla_cpu_multi_thread_eigen=false"
 
 # jaxlib 0.10's CPU LAPACK kernels (Cholesky, triangular solves, LU, ...) split a large batch
-# of matrices across XLA's intra-op thread pool and block until the pieces are done. When a
-# program runs as many such calls at once as the pool has threads (two on a 2-core machine),
-# each waits for pieces no free thread will run, and the process hangs with every thread idle
-# (gdb: lapack_strsm_ffi -> ParallelBatchMap -> BlockingCounter::Wait; four independent batched
-# triangular solves in one jitted call hung 3 times in 3, an Ant evaluation of 40 tasks x 40
-# rollouts at its first call). Under XLA's other scheduler they do not start together (both
-# completed every time). It costs about 10% on Conv4's Omniglot step, so only runs whose
-# programs make batched LAPACK calls ask for it.
+# of matrices across XLA's intra-op thread pool and block until the pieces are done: a program
+# running as many such calls at once as the pool has threads hangs, each waiting for pieces no
+# free thread will run. Under XLA's other scheduler they do not start together. It costs about
+# 10% on Conv4's Omniglot step, so only runs whose programs make batched LAPACK calls ask for it.
 SERIAL_LAPACK_SCHEDULING = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 
 # Which batches go to that pool: jaxlib 0.10 (jaxlib/cpu/lapack_kernels.cc,
@@ -124,12 +118,9 @@ def usable_cores() -> int:
 
 
 def auto_cpu_devices(convolutional: bool, meta_batch_size: int, cores: int) -> int:
-    """XLA:CPU devices for ``task_batching: auto``: one per core for convolutional models.
-
-    One ``lax.map`` loop runs one task at a time and leaves the other cores mostly idle (one
-    task's matrix products are too small to spread well), so each core gets its own device and
-    its own share of the tasks. The count divides the meta-batch; dense models (whose whole
-    meta-batch is one ``vmap``) keep one device.
+    """XLA:CPU devices for ``task_batching: auto`` (why: the module's docstring): for a
+    convolutional model the most, up to one per core, that divide the meta-batch; dense models
+    (whose whole meta-batch is one ``vmap``) keep one.
 
     >>> auto_cpu_devices(True, 32, 2), auto_cpu_devices(True, 25, 2), auto_cpu_devices(False, 32, 2)
     (2, 1, 1)
@@ -162,13 +153,10 @@ def schedule_lapack_calls_serially() -> bool:
 
 
 def start_cpu_devices(count: int) -> bool:
-    """Ask for ``count`` XLA:CPU devices, each running on one thread; False if not applied.
-
-    Must run before JAX's first computation (it only sets configuration). A device count given
-    by the environment (``JAX_NUM_CPU_DEVICES``, ``--xla_force_host_platform_device_count``)
-    wins, and a backend already started keeps its devices. On a machine with GPUs the CPU
-    devices are not the ones training runs on, and this changes nothing there.
-    """
+    """Ask for ``count`` XLA:CPU devices, each running on one thread, before JAX's first
+    computation (GPUs are unaffected); False if not applied. A device count given by the
+    environment (``JAX_NUM_CPU_DEVICES``, ``--xla_force_host_platform_device_count``) wins, and
+    a backend already started keeps its devices."""
     flags = os.environ.get("XLA_FLAGS", "")
     if count <= 1 or "JAX_NUM_CPU_DEVICES" in os.environ or "device_count" in flags:
         return False

@@ -98,14 +98,9 @@ MAX_CALLS_IN_FLIGHT = 4
 
 class InFlight:
     """Bounds how many dispatched calls may still be running: ``add(outputs)`` waits for the
-    outputs added ``limit`` calls earlier.
-
-    JAX returns from a jitted call before it runs. A loop that only reads results every few
-    hundred steps queues dozens of calls; with several XLA:CPU devices, each call a program on
-    all of them, the client's two launch threads can then both block (one device's launch
-    waiting for queue room, the other device's program waiting in the gradient all-reduce for
-    it): XLA aborts the process after 40 s ("Termination timeout for `all reduce ...`"). A few
-    calls queued keep the devices as busy.
+    outputs added ``limit`` calls earlier. With dozens of calls queued on several XLA:CPU
+    devices, their launch threads can block each other around an all-reduce until XLA aborts
+    the process; a few queued keep the devices as busy.
 
     >>> import jax.numpy as jnp
     >>> queue = InFlight(limit=2)
@@ -138,10 +133,8 @@ def initialize_distributed(
     num_processes: int | None,
     process_id: int | None,
 ) -> None:
-    """Join a multi-host run with ``jax.distributed.initialize`` (before any JAX computation).
-
-    Unset fields are detected from the cluster environment (SLURM, Open MPI, ...) by JAX.
-    """
+    """Join a multi-host run with ``jax.distributed.initialize`` (before any JAX computation);
+    JAX detects unset fields from the cluster environment (SLURM, Open MPI, ...)."""
     if not enabled:
         return
     log.info(
