@@ -68,17 +68,9 @@ class Interrupted(BaseException):
     """
 
     def __init__(self, signum: int, phase: str = ""):
-        super().__init__(f"interrupted by {signal.Signals(signum).name}")
-        self.signum = signum
+        self.signum, self.name, self.exit_code = signum, signal.Signals(signum).name, 128 + signum
         self.phase = phase  # what the run was doing when the signal came
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum
+        super().__init__(f"interrupted by {self.name}")
 
 
 def exit_at_once(code: int) -> None:
@@ -86,10 +78,7 @@ def exit_at_once(code: int) -> None:
     Python's exit handlers: a normal exit waits for an XLA compilation that a signal interrupted
     (minutes for a long program). Call it once everything worth keeping is written; it ends the
     interpreter, in a notebook too."""
-    for handler in logging.getLogger().handlers + log.handlers:
-        with contextlib.suppress(Exception):
-            handler.flush()
-    for stream in (sys.stdout, sys.stderr):
+    for stream in [*logging.getLogger().handlers, *log.handlers, sys.stdout, sys.stderr]:
         with contextlib.suppress(Exception):
             stream.flush()
     jax = sys.modules.get("jax")
