@@ -13,15 +13,21 @@ output file before the work whose result it would hold (:func:`check_output_file
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import sys
+import traceback
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from metalearn.config.compose import RENAMED, name_key_group, selectable
-from metalearn.registry import GROUPS
-from metalearn.runner.layout import RUN_STORES, run_record
+from metalearn.data.sources import DataSourceError
+from metalearn.registry import GROUPS, user_code_error
+from metalearn.runner.devices import out_of_memory_message
+from metalearn.runner.layout import RUN_STORES, RunDirectoryError, no_space_message, run_record
+from metalearn.runner.run import NonFiniteError
+from metalearn.runner.sweeps import ERROR_DETAILS
 
 
 def group_name_override(key: str, value: str) -> str | None:
@@ -236,6 +242,74 @@ def launcher_error(err: RuntimeError) -> tuple[str, int] | None:
             "to run the others again, each from its last checkpoint"
         ), 1
     return None
+
+
+# --- a run's record of its command line ------------------------------------------------------
+
+
+def command_line_record(cfg: Any) -> dict[str, str]:
+    """The record of a run's command line that its run directory writes once it accepts the
+    run (:class:`~metalearn.runner.rundir.RunDirectory`): the resolved ``config.yaml`` and, in
+    ``.hydra/``, the files Hydra itself would write (``hydra.output_subdir`` is null). Called
+    with the job's config (``cfg``, without its hydra section) while Hydra holds the job's."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    return {
+        "config.yaml": OmegaConf.to_yaml(cfg, resolve=True),
+        ".hydra/config.yaml": OmegaConf.to_yaml(cfg),
+        ".hydra/hydra.yaml": OmegaConf.to_yaml(HydraConfig.instance().cfg),
+        ".hydra/overrides.yaml": OmegaConf.to_yaml(HydraConfig.get().overrides.task),
+    }
+
+
+# --- a run that failed, in one line ---------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Failure:
+    """How a run failed, as its command reports it: one ``error:`` line, an exit status, the
+    status its sweep job records (``refused``: its directory is as it was) and the traceback
+    kept in ``error.txt`` (``details``); ``exit_now``: end at once, exit handlers skipped."""
+
+    message: str
+    code: int = 2
+    status: str = "failed"
+    details: str = ""
+    exit_now: bool = False
+
+
+def failure_of(err: BaseException, workdir: str, hint: str, selected: dict) -> Failure | None:
+    """The :class:`Failure` of a run that raised ``err``; None for an error of the library
+    itself (a single run lets its traceback through). ``hint``: what to rerun to resume;
+    ``selected``: the parts the run used (:func:`metalearn.registry.selected_parts`), so that
+    an error raised while one of the researcher's own was in use names it."""
+    if isinstance(err, RunDirectoryError):
+        return Failure(f"error: {err}", status="refused")
+    if isinstance(err, (ValueError, FileNotFoundError, NonFiniteError, DataSourceError)):
+        # Raised by the researcher's own code (their file and line; not merely while a part of
+        # theirs was in use: the library's own ValueErrors say what is wrong themselves).
+        in_user_code = user_code_error(err) if isinstance(err, ValueError) else None
+        if in_user_code:
+            return _in_user_code(in_user_code, workdir, err)
+        return Failure(f"error: {err}")
+    out_of_memory = out_of_memory_message(err)
+    if out_of_memory:
+        return Failure(f"error: {out_of_memory}")
+    no_space = no_space_message(err, workdir, hint)
+    if no_space:  # TensorBoard's exit handler would flush into the full disk again: skip it
+        return Failure(f"error: {no_space}", exit_now=True)
+    in_user_code = user_code_error(err, selected)
+    return _in_user_code(in_user_code, workdir, err) if in_user_code else None
+
+
+def _in_user_code(in_user_code: str, workdir: str, err: BaseException) -> Failure:
+    """An error in a researcher's own algorithm, model, task family or environment: the line
+    of :func:`metalearn.registry.user_code_error`; the traceback goes to ``error.txt``."""
+    return Failure(
+        f"error: {in_user_code}; the traceback is in {workdir}/{ERROR_DETAILS}",
+        details="".join(traceback.format_exception(err)),
+    )
 
 
 # --- argparse, in one line -----------------------------------------------------------------

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     progress = EvaluationProgress(num_tasks)
     try:
-        records = runner.evaluate(params, "test", num_tasks, on_chunk=progress)
+        (records,) = runner.evaluate(params, "test", num_tasks, on_chunk=progress)
     except Exception as err:
         message = out_of_memory_message(err, "lower eval.tasks_per_call (tasks per call)")
         message = message or user_code_error(err, selected_parts(cfg))

@@ -17,24 +17,21 @@ import sys
 import traceback
 
 import hydra
-from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from metalearn import cli
 from metalearn.config import check_group_choices, register_configs, to_objects
-from metalearn.config.compose import composition_error_message, selectable
-from metalearn.data.sources import DataSourceError
-from metalearn.registry import GROUPS, PluginError, load_plugins, selected_parts, user_code_error
+from metalearn.config.compose import composition_error_message, group_options, selectable
+from metalearn.registry import PluginError, load_plugins, selected_parts
 from metalearn.runner.cpu_backend import prepare_machine
-from metalearn.runner.devices import out_of_memory_message
-from metalearn.runner.layout import RunDirectoryError, no_space_message, resume_hint
-from metalearn.runner.loop import NonFiniteError, train_and_evaluate
+from metalearn.runner.layout import resume_hint
+from metalearn.runner.loop import train_and_evaluate
 from metalearn.runner.signals import exit_at_once, hand_back_to_launcher, requeue_signal
-from metalearn.runner.sweeps import ERROR_DETAILS, record_job, write_error_details
+from metalearn.runner.sweeps import record_job, write_error_details
 
 # The Hydra configs ship inside the package (metalearn/conf/), so a wheel install runs too.
 CONF_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
@@ -69,33 +66,19 @@ def main(cfg: DictConfig) -> float | None:
         log.info("job %s of the sweep in %s", os.path.basename(workdir), sweep_dir)
     try:
         load_plugins()  # again in a job of its own process (a submitit launcher's)
-        check_group_choices(hydra_cfg.runtime.choices, _group_options())
+        check_group_choices(hydra_cfg.runtime.choices, group_options())
         config = to_objects(cfg)
         prepare_machine(config)  # before any computation
-        summary = train_and_evaluate(config, workdir, files=_record(cfg), sweep_dir=sweep_dir)
-    except RunDirectoryError as err:
-        return _failed(workdir, sweep_dir, f"error: {err}", 2, status="refused")
-    except (ValueError, FileNotFoundError, NonFiniteError, DataSourceError) as err:
-        # Raised by the researcher's own code (their file and line; not merely while a part of
-        # theirs was in use: the library's own ValueErrors say what is wrong themselves).
-        in_user_code = user_code_error(err) if isinstance(err, ValueError) else None
-        if in_user_code:
-            return _failed_in_user_code(in_user_code, workdir, sweep_dir)
-        return _failed(workdir, sweep_dir, f"error: {err}", 2)
+        files = cli.command_line_record(cfg)
+        summary = train_and_evaluate(config, workdir, files=files, sweep_dir=sweep_dir)
     except Exception as err:
-        out_of_memory = out_of_memory_message(err)
-        if out_of_memory:
-            return _failed(workdir, sweep_dir, f"error: {out_of_memory}", 2)
-        no_space = no_space_message(err, workdir, hint)
-        if no_space:  # TensorBoard's exit handler would flush into the full disk again: skip it
-            _failed(workdir, sweep_dir, f"error: {no_space}", 2, exit_now=True)
-        in_user_code = user_code_error(err, selected_parts(cfg))
-        if in_user_code:
-            return _failed_in_user_code(in_user_code, workdir, sweep_dir)
-        if sweep_dir is None:
+        failure = cli.failure_of(err, workdir, hint, selected_parts(cfg))
+        if failure is None and sweep_dir is None:
             raise
-        message = f"error: {type(err).__name__}: {err}".splitlines()[0]
-        return _failed(workdir, sweep_dir, message, 1, traceback.format_exc())
+        if failure is None:
+            message = f"error: {type(err).__name__}: {err}".splitlines()[0]
+            failure = cli.Failure(message, 1, details=traceback.format_exc())
+        return _failed(workdir, sweep_dir, failure)
     if summary["interrupted"]:
         code = 128 + summary["signal"]
         if sweep_dir is not None:
@@ -110,17 +93,6 @@ def main(cfg: DictConfig) -> float | None:
     if sweep_dir is not None:
         record_job(workdir, "ok")
     return summary["best_val_score"]
-
-
-def _record(cfg: DictConfig) -> dict[str, str]:
-    """The run's record of its command line, written by its run directory once it accepts the
-    run: the resolved ``config.yaml``, and in ``.hydra/`` the files Hydra itself would write."""
-    return {
-        "config.yaml": OmegaConf.to_yaml(cfg, resolve=True),
-        ".hydra/config.yaml": OmegaConf.to_yaml(cfg),
-        ".hydra/hydra.yaml": OmegaConf.to_yaml(HydraConfig.instance().cfg),
-        ".hydra/overrides.yaml": OmegaConf.to_yaml(HydraConfig.get().overrides.task),
-    }
 
 
 def _requeue(workdir: str, step: int, hint: str) -> None:
@@ -144,41 +116,21 @@ def _requeue(workdir: str, step: int, hint: str) -> None:
         log.warning("%s; %s", message, hint)
 
 
-def _failed_in_user_code(in_user_code: str, workdir: str, sweep_dir: str | None) -> None:
-    """An error in a researcher's own algorithm, model, task family or environment: the one
-    line of :func:`metalearn.registry.user_code_error` naming their code or part; the
-    traceback of the exception being handled goes to the run directory's ``error.txt``."""
-    details = traceback.format_exc()
-    if sweep_dir is None:  # a sweep's job writes it with its status record
-        with contextlib.suppress(OSError):
-            write_error_details(workdir, details)
-    message = f"error: {in_user_code}; the traceback is in {workdir}/{ERROR_DETAILS}"
-    return _failed(workdir, sweep_dir, message, 2, details)
-
-
-def _failed(
-    workdir: str,
-    sweep_dir: str | None,
-    message: str,
-    code: int,
-    details: str = "",
-    status: str = "failed",
-    exit_now: bool = False,
-) -> None:
-    """Report a failed run: exit with ``code``, or in a sweep record it and let the sweep go on.
-
-    ``status="refused"``: the run directory refused the job, so nothing in it changed (its
-    earlier record is kept inside the new one, and no ``error.txt`` is written).
-    ``exit_now``: exit at once without exit handlers, in a sweep too (a full disk)."""
-    print(message, file=sys.stderr)
-    if exit_now:  # without exit handlers; nothing can be recorded either
-        exit_at_once(code)
+def _failed(workdir: str, sweep_dir: str | None, failure: cli.Failure) -> None:
+    """Report a failed run: exit with its status, or in a sweep record it (a refused job
+    keeps its earlier record inside the new one, and no ``error.txt``) and let the sweep go
+    on; a failure that must end at once (a full disk) ends the sweep too, without exit
+    handlers."""
+    print(failure.message, file=sys.stderr)
+    if failure.exit_now:  # without exit handlers; nothing can be recorded either
+        exit_at_once(failure.code)
     if sweep_dir is None:
-        sys.exit(code)
-    if status == "refused":
-        record_job(workdir, status, code, message)
-    else:
-        record_job(workdir, status, code, message, details or message + "\n")
+        if failure.details:  # a sweep's job writes it with its status record
+            with contextlib.suppress(OSError):
+                write_error_details(workdir, failure.details)
+        sys.exit(failure.code)
+    details = "" if failure.status == "refused" else failure.details or failure.message + "\n"
+    record_job(workdir, failure.status, failure.code, failure.message, details)
     return None
 
 
@@ -186,12 +138,6 @@ def _stopped_early(signum, frame) -> None:
     """A signal before the run has started (Hydra composing the config): one line, no trace."""
     print(f"interrupted by {signal.Signals(signum).name} before training started", file=sys.stderr)
     sys.exit(128 + signum)
-
-
-def _group_options() -> dict[str, list[str]]:
-    """The options of each config group, as Hydra sees them (schema entries included)."""
-    loader = GlobalHydra.instance().config_loader()
-    return {g: loader.get_group_options(g) for g in GROUPS}
 
 
 def _main_with_one_line_errors() -> None:

@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         state = runner.initial_state
         for step in range(0, cfg.trainer.meta_steps + 1, args.every):
             if args.from_checkpoints and step:
-                state, _ = runner.checkpoints.restore(runner.initial_state, step)
+                state, _ = runner.checkpoints[0].restore(runner.initial_state, step)
             while int(state.step) < step:
                 state, _ = runner.train_call(state, cfg.trainer.steps_per_call)
             # MAML's meta-parameters are the model's initial parameters themselves.

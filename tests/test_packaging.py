@@ -60,7 +60,8 @@ def test_the_distribution_is_metalearn_jax_and_the_package_metalearn():
     project = _pyproject()["project"]
     assert project["name"] == DIST
     assert _canonical(project["name"]) not in {"metalearn", "parallel-metalearn"}
-    assert _pyproject()["tool"]["setuptools"]["packages"]["find"]["include"] == ["metalearn*"]
+    include = _pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert include == ["metalearn*", "hydra_plugins*"]
     assert project["version"] == metalearn.__version__
 
 
@@ -136,9 +137,8 @@ def test_the_wheel_is_metalearn_jax_and_installs_the_package_metalearn(tmp_path)
     src.mkdir()
     for path in [ROOT / "pyproject.toml", ROOT / "README.md", *ROOT.glob("LICEN[CS]E*")]:
         shutil.copy2(path, src / path.name)
-    shutil.copytree(
-        ROOT / "metalearn", src / "metalearn", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    for package in ("metalearn", "hydra_plugins"):
+        shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path / "wheels"
     result = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", str(src), "-w", str(out)],
@@ -162,6 +162,9 @@ def test_the_wheel_is_metalearn_jax_and_installs_the_package_metalearn(tmp_path)
     assert metadata["Name"] == DIST
     assert metadata["Version"] == metalearn.__version__
     assert {"test", "plot", "locomotion"} <= set(metadata.get_all("Provides-Extra"))
-    assert top_level == ["metalearn"]
+    # metalearn, and its launcher in Hydra's plugin namespace (no package of that name itself)
+    assert sorted(top_level) == ["hydra_plugins", "metalearn"]
     assert "metalearn/__init__.py" in names and "metalearn/conf/config.yaml" in names
-    assert {n.split("/")[0] for n in names} == {"metalearn", dist_info}
+    assert "hydra_plugins/metalearn_launcher/vectorized_launcher.py" in names
+    assert "hydra_plugins/__init__.py" not in names
+    assert {n.split("/")[0] for n in names} == {"metalearn", "hydra_plugins", dist_info}

@@ -131,6 +131,14 @@ def _run_name_from_hydra(name: str) -> str:
     return run_name(name, list(HydraConfig.get().overrides.task))
 
 
+def group_options() -> dict[str, list[str]]:
+    """The options of each config group, as Hydra sees them (schema entries included)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    loader = GlobalHydra.instance().config_loader()
+    return {g: loader.get_group_options(g) for g in GROUPS}
+
+
 def check_group_choices(choices: Mapping[str, Any], options: Mapping[str, Sequence[str]]) -> None:
     """Refuse a config group choice that is an internal schema entry (e.g. ``maml_schema``).
 

@@ -106,8 +106,6 @@ class TaskFamily(NamedTuple):
     objective: Callable[[Model], Objective] | None = None
 
 
-
-
 def family_objective(family: TaskFamily, model: Model, name: str = "the task family") -> Objective:
     """The objective that scores ``model`` on ``family``'s tasks (``name`` names the family in
     the error raised when it has neither a supervised ``kind`` nor an ``objective``)."""

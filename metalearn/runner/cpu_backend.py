@@ -24,12 +24,15 @@ from metalearn.runner.devices import initialize_distributed
 log = logging.getLogger("metalearn")
 
 
-def prepare_machine(cfg: Config, *, training: bool = True) -> None:
+def prepare_machine(cfg: Config, *, training: bool = True, runs: int = 1) -> None:
     """Apply what ``cfg`` asks of this process before JAX's first computation: XLA:CPU devices
-    (training only: an evaluation runs on one), serial LAPACK scheduling, the persistent
+    (training only: an evaluation runs on one; for a group of ``runs`` sharing a program, one
+    per core, each stepping its share of the runs), serial LAPACK scheduling, the persistent
     compilation cache, and (training only) joining a multi-host run. The entry points call it
     first; from a Python session where JAX has started, the running backend is kept."""
-    if training:
+    if training and runs > 1:
+        start_cpu_devices(auto_cpu_devices(True, runs, usable_cores()))
+    elif training:
         start_cpu_devices(cpu_devices_for(cfg))
     if needs_serial_lapack(cfg):
         schedule_lapack_calls_serially()

@@ -203,3 +203,27 @@ def out_of_memory_message(err: BaseException, advice: str = TRAINING_MEMORY_ADVI
         return None
     reason = text[text.index(mark) :].splitlines()[0][:160]
     return f"out of memory on the device ({reason}); {advice}"
+
+
+RUNS_AXIS = "runs"
+
+
+def runs_mesh(count: int) -> Mesh | None:
+    """A mesh over every device for the runs axis of a group of ``count`` runs (each device
+    steps its share of them), or None on one device or when ``count`` does not divide."""
+    devices = jax.devices()
+    if len(devices) == 1 or count % len(devices):
+        return None
+    return Mesh(devices, (RUNS_AXIS,))
+
+
+def over_runs(fn: Callable, mesh: Mesh | None, axes: tuple) -> Callable:
+    """``fn``, whose arguments at ``axes`` (0: split on their leading runs axis, None: shared)
+    and results all have a leading runs axis, run by each device of ``mesh`` on its share of
+    the runs; ``fn`` itself without a mesh."""
+    if mesh is None:
+        return fn
+    specs = tuple(PartitionSpec(RUNS_AXIS) if a == 0 else PartitionSpec() for a in axes)
+    return jax.shard_map(
+        fn, mesh=mesh, in_specs=specs, out_specs=PartitionSpec(RUNS_AXIS), check_vma=False
+    )

@@ -152,7 +152,8 @@ def evaluate_split(
     ways: int | None,
     objective: Any,
     on_chunk: Callable[[int, int], None] | None = None,
-) -> list[dict]:
+    runs: int | None = None,
+) -> list[dict] | list[list[dict]]:
     """Evaluate on ``num_tasks`` fixed tasks per shot count; one record per (metric, shots, steps).
 
     Records look like ``{"metric": "mse", "shots": 5, "steps": 10, "mean": ..., "ci95": ...,
@@ -164,10 +165,11 @@ def evaluate_split(
     when minimised, whose column at 0 steps finite blow-ups are measured against; for every
     other metric only non-finite tasks count as diverged.
     ``on_chunk(shots, tasks_done)``, if given, is called as each jitted call finishes (for a
-    progress bar).
+    progress bar). With ``runs``, ``eval_step`` evaluates that many runs at once (its results
+    have a leading runs axis) and each run's records are returned, in a list.
     """
     loss_metric = None if objective.maximize else objective.primary_metric
-    records = []
+    every: list[list[dict]] = [[] for _ in range(runs or 1)]
     for shots in map(int, shots_list):
         keys = evaluation_keys(seed, split, shots, num_tasks)
         padded = -(-num_tasks // tasks_per_call) * tasks_per_call
@@ -183,35 +185,44 @@ def evaluate_split(
             if on_chunk is not None:
                 jax.block_until_ready(chunks[-1])
                 on_chunk(shots, min(i + tasks_per_call, num_tasks))
+        axis = 0 if runs is None else 1  # the tasks axis, after the runs axis of a group
         per_task = {
-            name: np.concatenate([np.asarray(c[name]) for c in chunks])[:num_tasks]
+            name: np.concatenate([np.asarray(c[name]) for c in chunks], axis=axis)
             for name in chunks[0]
         }
-        for name, values in sorted(per_task.items()):
-            unadapted = values[:, list(steps).index(0)] if 0 in steps else None
-            before = unadapted if name == loss_metric else None
-            maximized = name == objective.primary_metric and objective.maximize
-            for column, num_steps in enumerate(steps):
-                record = {"metric": name, "shots": int(shots), "steps": int(num_steps)}
-                if ways is not None:
-                    record["ways"] = int(ways)
-                summary = summarize(values[:, column], before, lower_is_better=not maximized)
-                record.update(summary, tasks=int(num_tasks))
-                if unadapted is not None and num_steps != 0:
-                    record.update(paired_change(values[:, column], unadapted))
-                if record["diverged"]:
-                    log.warning(
-                        "%s: %d of %d tasks diverged, %d of them non-finite (%s, %d shots, "
-                        "%d steps)",
-                        split,
-                        record["diverged"],
-                        num_tasks,
-                        record["nonfinite"],
-                        name,
-                        shots,
-                        num_steps,
-                    )
-                records.append(record)
+        for run, records in enumerate(every):
+            own = {k: (v if runs is None else v[run])[:num_tasks] for k, v in per_task.items()}
+            records += _records(own, shots, steps, split, ways, objective, loss_metric)
+    return every if runs is not None else every[0]
+
+
+def _records(per_task, shots, steps, split, ways, objective, loss_metric) -> list[dict]:
+    """The records of one run's per-task values at one shot count (:func:`evaluate_split`)."""
+    num_tasks, records = len(next(iter(per_task.values()))), []
+    for name, values in sorted(per_task.items()):
+        unadapted = values[:, list(steps).index(0)] if 0 in steps else None
+        before = unadapted if name == loss_metric else None
+        maximized = name == objective.primary_metric and objective.maximize
+        for column, num_steps in enumerate(steps):
+            record = {"metric": name, "shots": int(shots), "steps": int(num_steps)}
+            if ways is not None:
+                record["ways"] = int(ways)
+            summary = summarize(values[:, column], before, lower_is_better=not maximized)
+            record.update(summary, tasks=int(num_tasks))
+            if unadapted is not None and num_steps != 0:
+                record.update(paired_change(values[:, column], unadapted))
+            if record["diverged"]:
+                log.warning(
+                    "%s: %d of %d tasks diverged, %d of them non-finite (%s, %d shots, %d steps)",
+                    split,
+                    record["diverged"],
+                    num_tasks,
+                    record["nonfinite"],
+                    name,
+                    shots,
+                    num_steps,
+                )
+            records.append(record)
     return records
 
 

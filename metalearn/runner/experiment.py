@@ -173,17 +173,20 @@ def build_model(model_config: Any, tasks: TaskFamily, data_name: str = "the data
     return model
 
 
-def build(plan: RunPlan) -> Experiment:
+def build(plan: RunPlan, tasks: TaskFamily | None = None) -> Experiment:
     """Every part of the run ``plan`` describes, built once and checked as it is built
-    (:mod:`metalearn.runner.preflight`), with its initial state and its :class:`Hyper`."""
+    (:mod:`metalearn.runner.preflight`), with its initial state and its :class:`Hyper`.
+    ``tasks``: the task family when it is built and checked already (the runs of a group
+    share theirs, as they share the model's and the family's settings: not checked again)."""
     cfg = plan.config
     preflight.check_settings(plan)
-    tasks = TASKS.build(cfg.data)
+    shared, tasks = tasks, TASKS.build(cfg.data) if tasks is None else tasks
     model = build_model(cfg.model, tasks, cfg.data.name)
     objective = family_objective(tasks, model, f"data={cfg.data.name}")
     learner = ALGORITHMS.build(cfg.algorithm, objective)
     preflight.check_learner(learner, cfg.algorithm.name)
-    preflight.check_family_and_objective(cfg, tasks, objective)
+    if shared is None:
+        preflight.check_family_and_objective(cfg, tasks, objective)
     optimizer = build_optimizer(cfg.optimizer, cfg.trainer.meta_steps)
     root = jax.random.key(cfg.seed)
     state = init_train_state(learner, model, optimizer, jax.random.fold_in(root, INIT_STREAM))

@@ -1,35 +1,56 @@
-"""The training loop: jitted meta-steps, periodic validation, checkpoints, final evaluation."""
+"""The training loop: jitted meta-steps, periodic validation, checkpoints, final evaluation.
+
+One run (:func:`train_and_evaluate`), or a group of runs that share one compiled program
+(:func:`train_runs`: their configs differ only in what the step takes as data, the seed and the
+rates). A group is the same loop over a runs axis: each run keeps its own directory, metrics,
+checkpoints, best-on-validation parameters and evaluation, and a run that fails (a refused
+directory, a NaN) is recorded and left out while the others go on.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from metalearn.config import Config
 from metalearn.errors import one_line
+from metalearn.runner.checkpoints import CHECKSUMMED, verify
 from metalearn.runner.devices import InFlight, is_primary_host
 from metalearn.runner.evaluation import format_record, selection_score
 from metalearn.runner.experiment import build, count_parameters
+from metalearn.runner.layout import resume_hint, saved_steps
 from metalearn.runner.plan import resolve
 from metalearn.runner.preflight import outer_step_settings
 from metalearn.runner.reporting import MetricsWriter, Progress, timed_rate
 from metalearn.runner.run import NonFiniteError, Runner, average, json_float
-from metalearn.runner.rundir import RunDirectory, saved_steps
+from metalearn.runner.rundir import RunDirectory, write_atomically
 from metalearn.runner.signals import Interrupted, StopRequest
 from metalearn.runner.steps import all_equal, batch_update_strategy, trained
 
-__all__ = ["NonFiniteError", "chunk_length", "train_and_evaluate"]
+__all__ = ["Job", "NonFiniteError", "chunk_length", "train_and_evaluate", "train_runs"]
 
 log = logging.getLogger("metalearn")
+
+
+@dataclasses.dataclass
+class Job:
+    """One run to train: its config, its run directory, and its record files (``files`` of
+    :class:`~metalearn.runner.rundir.RunDirectory`; None: ``config.yaml`` from the config)."""
+
+    config: Config
+    workdir: str
+    files: Mapping[str, str] | None = None
 
 
 def train_and_evaluate(
@@ -48,29 +69,126 @@ def train_and_evaluate(
     first), and ``summary["requeue"]`` when one of them was the requeue signal of the job's
     launcher (:func:`~metalearn.runner.signals.requeue_signal`).
     """
+    return train_runs([Job(cfg, workdir, files)], sweep_dir)[0]
+
+
+def train_runs(jobs: Sequence[Job], sweep_dir: str | None = None) -> list[dict | Exception]:
+    """Train ``jobs`` as one group sharing a compiled program (their configs must differ only
+    in what the compiled step takes as data: :func:`~metalearn.runner.sweeps.program_key`),
+    each resumed from its directory, then evaluate each. Returns each job's summary (as
+    :func:`train_and_evaluate`'s) or, for a job of a group that failed (its directory refused
+    it, its values went non-finite), the exception that says why; one job raises it instead.
+    A job of a group that finished before is not trained again: its summary is the one saved.
+    """
     started = time.perf_counter()  # before the data are loaded (and prepared, on a first run)
-    plan = resolve(cfg)
-    run_dir = RunDirectory(workdir, cfg, files, sweep_dir, primary=is_primary_host())
-    # With several processes, a stop before the first training call is deferred to its end
-    # too: one process stopping alone leaves the others in the next collective operation
-    # (the restore, the call), until the coordination service gives up on it.
-    with run_dir.open(), StopRequest() as stop, stop.deferred(when=jax.process_count() > 1):
+    group = len(jobs) > 1
+    outcomes: list[Any] = [None] * len(jobs)
+    with contextlib.ExitStack() as held:
+        # With several processes, a stop before the first training call is deferred to its
+        # end too: one process stopping alone leaves the others in the next collective
+        # operation (the restore, the call), until the coordination service gives up on it.
+        stop = held.enter_context(StopRequest())
+        held.enter_context(stop.deferred(when=jax.process_count() > 1))
+        members, exps, run_dirs, tasks = [], [], [], None
         try:
-            runner = Runner(build(plan), run_dir)
-            if run_dir.new:
-                run_dir.record()
+            for i, job in enumerate(jobs):
+                try:
+                    run_dir = RunDirectory(
+                        job.workdir, job.config, job.files, sweep_dir, primary=is_primary_host()
+                    )
+                    held.enter_context(run_dir.open())
+                    if group and _finished(job):
+                        outcomes[i] = _saved_summary(job.workdir)
+                        continue
+                    exp = build(resolve(job.config, runs=len(jobs)), tasks)
+                except Exception as err:
+                    if not group:
+                        raise
+                    outcomes[i] = err
+                    continue
+                if run_dir.new:
+                    run_dir.record()
+                members.append(i)
+                exps.append(exp)
+                run_dirs.append(run_dir)
+                tasks = exp.tasks
+            if not members:
+                return outcomes
+            start, leftover = _common_start([jobs[i] for i in members])
+            kept = [k for k in range(len(members)) if k not in leftover]
+            runner = Runner(exps[0], run_dirs[0]) if len(kept) == 1 and not group else None
+            if runner is None:
+                runner = Runner([exps[k] for k in kept], [run_dirs[k] for k in kept])
             try:
-                return _train(runner, stop, started)
+                trained_runs = _train(runner, stop, started, start, group)
+                for k, outcome in zip(kept, trained_runs, strict=True):
+                    outcomes[members[k]] = outcome
             finally:
                 runner.close()
         except Interrupted as err:
-            steps = saved_steps(workdir)
-            saved = (
-                f"the checkpoint of step {max(steps)} is saved" if steps else "nothing is saved yet"
-            )
-            phase = err.phase or stop.phase
-            log.warning("%s during %s: %s; %s", err, phase, saved, run_dir.resume_hint())
-            return _stopped(max(steps, default=0), err.signum, stop)
+            for i, job in enumerate(jobs):
+                if outcomes[i] is None:
+                    outcomes[i] = _interrupted(job.workdir, sweep_dir, err, stop)
+            return outcomes
+    if leftover:  # runs a kill left a checkpoint ahead of the others: a group of their own
+        rest = [members[k] for k in leftover]
+        for i, outcome in zip(rest, train_runs([jobs[i] for i in rest], sweep_dir), strict=True):
+            outcomes[i] = outcome
+    return outcomes
+
+
+def _interrupted(workdir: str, sweep_dir: str | None, err: Interrupted, stop: StopRequest):
+    steps = saved_steps(workdir)
+    saved = f"the checkpoint of step {max(steps)} is saved" if steps else "nothing is saved yet"
+    hint = resume_hint(workdir, sweep_dir)
+    log.warning("%s during %s: %s; %s", err, err.phase or stop.phase, saved, hint)
+    return _stopped(max(steps, default=0), err.signum, stop)
+
+
+def _newest_intact(workdir: str) -> int:
+    """The newest step of a run directory's ``checkpoints/`` whose files verify (0: none)."""
+    store = os.path.join(workdir, "checkpoints")
+    required = os.path.exists(os.path.join(store, CHECKSUMMED))
+    steps = sorted(saved_steps_in(store), reverse=True)
+    return next((s for s in steps if verify(os.path.join(store, str(s)), required) is None), 0)
+
+
+def saved_steps_in(store: str) -> list[int]:
+    return [int(n) for n in os.listdir(store) if n.isdigit()] if os.path.isdir(store) else []
+
+
+def _common_start(jobs: Sequence[Job]) -> tuple[int | None, list[int]]:
+    """The step a group resumes from together, and the runs that cannot (a kill between the
+    runs' saves left some a checkpoint ahead, and they keep none of the others' step). None:
+    each run's latest (they agree, or it is one run)."""
+    if len(jobs) == 1 or not jobs[0].config.trainer.resume:
+        return None, []
+    newest = [_newest_intact(job.workdir) for job in jobs]
+    start = min(newest)
+    if start == max(newest):
+        return None, []
+    behind = []
+    for k, job in enumerate(jobs):
+        store = os.path.join(job.workdir, "checkpoints")
+        required = os.path.exists(os.path.join(store, CHECKSUMMED))
+        if start and verify(os.path.join(store, str(start)), required) is not None:
+            behind.append(k)
+    return start, behind
+
+
+def _finished(job: Job) -> bool:
+    """Whether a job's run was trained to its end and evaluated before."""
+    evaluated = os.path.exists(os.path.join(job.workdir, "eval.json"))
+    return evaluated and _newest_intact(job.workdir) >= job.config.trainer.meta_steps
+
+
+def _saved_summary(workdir: str) -> dict:
+    try:
+        with open(os.path.join(workdir, "summary.json")) as f:
+            summary = json.load(f)
+    except (OSError, ValueError):
+        summary = {}
+    return {**summary, "interrupted": False, "trained_before": True}
 
 
 def chunk_length(step: int, cfg: Config, steps_per_call: int) -> int:
@@ -85,16 +203,50 @@ def chunk_length(step: int, cfg: Config, steps_per_call: int) -> int:
     return min(steps_per_call, next_boundary - step)
 
 
-def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
+class _Runs:
+    """The loop's bookkeeping of a runner's runs: each one's best score, metrics writer and
+    whether it still trains; a run of a group that fails is recorded here, the others go on;
+    a run alone raises."""
+
+    def __init__(self, runner: Runner, isolate: bool, step: int, best_scores: list[float]):
+        self.runner, self.isolate, self.best_scores = runner, isolate, best_scores
+        self.alive = list(range(runner.count))
+        self.failed: dict[int, Exception] = {}
+        self.writers = [
+            MetricsWriter(d.path, resume_step=step, enabled=is_primary_host())
+            for d in runner.run_dirs
+        ]
+
+    def fail(self, index: int, err: Exception) -> None:
+        if not self.isolate:
+            raise err
+        log.error("run %s: %s", self.runner.run_dirs[index].path, err)
+        self.failed[index] = err
+        self.alive.remove(index)
+
+    def save(self, state, pending) -> None:
+        for i in list(self.alive):
+            try:
+                self.runner.save(state, self.best_scores, pending, runs=[i])
+            except NonFiniteError as err:
+                self.fail(i, err)
+
+    def close(self) -> None:
+        for writer in self.writers:
+            writer.close()
+
+
+def _train(runner: Runner, stop: StopRequest, started: float, start, isolate: bool) -> list:
     plan, t = runner.plan, runner.cfg.trainer
     stop.phase = "the restore of the checkpoint"
-    state, best_score, pending = runner.restore()
-    stop.phase = "start-up"  # opening the metrics writer (it imports tensorboardX) and the bar
-    step = start_step = int(state.step)
+    state, best_scores, unlogged = runner.restore(start)
+    pending = runner.pending(unlogged)
+    stop.phase = "start-up"  # opening the metrics writers (tensorboardX's import) and the bar
+    step = start_step = int(runner.part(state, 0).step)
     _log_start(runner, state)
     # A copy on the device: the first training call donates the state's buffers.
     start_params = jax.tree_util.tree_map(jnp.copy, state.meta_params)
-    writer = MetricsWriter(runner.workdir, resume_step=step, enabled=is_primary_host())
+    runs = _Runs(runner, isolate, step, best_scores)
     progress = Progress(t.meta_steps, step, t.progress_bar)
     start_time, in_flight = time.perf_counter(), InFlight()
     saved_step = step  # what a resumed run would start from: the checkpoint, or the seed
@@ -103,7 +255,7 @@ def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
         with stop.deferred():
             stopping = False  # agreed by every process, at the end of each call
             alone = jax.process_count() == 1
-            while step < t.meta_steps and not stopping:
+            while step < t.meta_steps and not stopping and runs.alive:
                 n = chunk_length(step, runner.cfg, plan.steps_per_call)
                 # Compiling from the state last saved, a stop loses nothing: not deferred. With
                 # several processes it is: one stopping alone leaves the others in the call's
@@ -116,62 +268,79 @@ def _train(runner: Runner, stop: StopRequest, started: float) -> dict:
                 progress.advance(step)
                 pending.append((n, metrics))
                 if step % t.log_every == 0 or step == t.meta_steps:
-                    _log_training(runner, writer, progress, step, pending)
+                    _log_training(runs, progress, step, pending)
                     pending = []
                 if t.eval_every and step % t.eval_every == 0 and step < t.meta_steps:
-                    best_score = _validate(runner, writer, state, best_score)
+                    _validate(runs, state)
                 if step % t.checkpoint_every == 0 or step == t.meta_steps:
-                    runner.save(state, best_score, pending)
+                    runs.save(state, pending)
                     saved_step = step
                 stopping = stop.agreed()
             # Without a call (a finished run rerun), a stop asked before the loop is seen here.
             if stopping or stop.agreed():
-                runner.save(state, best_score, pending)
-                log.warning(
-                    "stopped at step %d; checkpoint saved in %s; %s",
-                    step,
-                    runner.checkpoints.directory,
-                    runner.run_dir.resume_hint(),
-                )
-                return _stopped(step, stop.signum, stop)
+                runs.save(state, pending)
+                for i in runs.alive:
+                    log.warning(
+                        "stopped at step %d; checkpoint saved in %s; %s",
+                        step,
+                        runner.checkpoints[i].directory,
+                        runner.run_dirs[i].resume_hint(),
+                    )
+                stopped = _stopped(step, stop.signum, stop)
+                return [runs.failed.get(i, stopped) for i in range(runner.count)]
         train_seconds = time.perf_counter() - start_time
-        unchanged = step > start_step and bool(all_equal(start_params, state.meta_params))
-        if unchanged:
-            outer = outer_step_settings(runner.cfg.algorithm)
-            log.warning(unchanged_warning(outer, start_step, step))
+        unchanged = {}
+        for i in runs.alive:
+            before, after = runner.part(start_params, i), runner.part(state, i).meta_params
+            unchanged[i] = step > start_step and bool(all_equal(before, after))
+            if unchanged[i]:
+                outer = outer_step_settings(runner.exps[i].plan.config.algorithm)
+                log.warning(unchanged_warning(outer, start_step, step))
         del start_params
-        runner.run_dir.record()  # a rerun with nothing left to train: its record, now
-        with stop.at_once("the final validation"):
-            best_score = _validate(runner, writer, state, best_score)
-        with stop.at_once("the final test evaluation"):
-            records = _final_evaluation(runner, state)
+        for i in runs.alive:
+            runner.run_dirs[i].record()  # a rerun with nothing left to train: its record, now
+        records = {}
+        if runs.alive:
+            with stop.at_once("the final validation"):
+                _validate(runs, state)
+            with stop.at_once("the final test evaluation"):
+                records = _final_evaluation(runs, state)
     finally:
         progress.close()
-        writer.close()
+        runs.close()
     untimed = runner.compile_seconds + runner.pause_seconds
-    summary = {
-        "interrupted": False,
-        "step": step,
-        # the step this process started from (0, or the checkpoint it resumed): the times and
-        # the rate below are this process's; a resumed run's earlier ones are in train.log
-        "start_step": start_step,
-        "train_seconds": train_seconds,
-        "compile_seconds": runner.compile_seconds,
-        "steps_per_s": timed_rate(
-            step - start_step - runner.compile_steps, train_seconds - untimed
-        ),
-        "task_batching": plan.task_batching,
-        "devices": plan.devices,
-        "best_val_score": json_float(best_score),
-        # false when this process's meta-steps left the meta-parameters exactly as they were
-        "meta_params_changed": None if step == start_step else not unchanged,
-        "eval": records,
-        # data loading or preparation, compilation, training and evaluation, all together
-        "wall_seconds": time.perf_counter() - started,
-        "earlier_processes": earlier_processes(runner.workdir),
-    }
-    _write_json(runner.workdir, "summary.json", summary)
-    return summary
+    outcomes = []
+    for i in range(runner.count):
+        if i in runs.failed:
+            outcomes.append(runs.failed[i])
+            continue
+        summary = {
+            "interrupted": False,
+            "step": step,
+            # the step this process started from (0, or the checkpoint it resumed): the times
+            # and the rate below are this process's; a resumed run's earlier ones are in
+            # train.log
+            "start_step": start_step,
+            "train_seconds": train_seconds,
+            "compile_seconds": runner.compile_seconds,
+            "steps_per_s": timed_rate(
+                step - start_step - runner.compile_steps, train_seconds - untimed
+            ),
+            "task_batching": plan.task_batching,
+            "devices": plan.devices,
+            "best_val_score": json_float(runs.best_scores[i]),
+            # false when this process's meta-steps left the meta-parameters exactly as they were
+            "meta_params_changed": None if step == start_step else not unchanged[i],
+            "eval": records[i],
+            # data loading or preparation, compilation, training and evaluation, all together
+            "wall_seconds": time.perf_counter() - started,
+            "earlier_processes": earlier_processes(runner.run_dirs[i].path),
+        }
+        if runner.vectorized:
+            summary["runs_in_program"] = runner.count
+        _write_json(runner.run_dirs[i].path, "summary.json", summary)
+        outcomes.append(summary)
+    return outcomes
 
 
 def _stopped(step: int, signum: int | None, stop: StopRequest) -> dict:
@@ -187,12 +356,14 @@ def _log_start(runner: Runner, state) -> None:
         outer = batch_update_strategy(strategy, plan.mesh)
         if outer != strategy:
             strategy = f"{strategy} (the outer step: {outer} across devices)"
+    runs = f" x {runner.count} runs in one program" if runner.vectorized else ""
     log.info(
-        "training %s: %s on %s, %d parameters, tasks batched by %s, %d %s device(s)",
+        "training %s: %s on %s, %d parameters%s, tasks batched by %s, %d %s device(s)",
         cfg.run_name or cfg.name,
         cfg.algorithm.name,
         cfg.data.name,
-        count_parameters(state.meta_params),
+        count_parameters(runner.part(state, 0).meta_params),
+        runs,
         strategy,
         plan.device_count,
         plan.platform,
@@ -234,7 +405,7 @@ def earlier_processes(workdir: str) -> list[dict]:
     about to be replaced): a rerun of a finished run, or one resumed with a longer
     ``trainer.meta_steps``, keeps them instead of overwriting them. Empty when there is no
     readable summary; an unreadable one is kept as ``summary.json.unreadable``, with a warning
-    (it was replaced silently, and the times of the processes it listed were lost)."""
+    (otherwise the times of the processes it listed would be lost)."""
     path = os.path.join(workdir, "summary.json")
     try:
         with open(path, "rb") as f:
@@ -260,66 +431,74 @@ def earlier_processes(workdir: str) -> list[dict]:
     return [*earlier, {key: previous.get(key) for key in PROCESS_KEYS}]
 
 
-def _log_training(
-    runner: Runner,
-    writer: MetricsWriter,
-    progress: Progress,
-    step: int,
-    pending: list[tuple[int, dict]],
-) -> None:
-    """One log line and one metrics.jsonl record; stop on a non-finite training metric."""
+def _log_training(runs: _Runs, progress: Progress, step: int, pending: list) -> None:
+    """One log line and one metrics.jsonl record per run; a run with a non-finite training
+    metric fails (NonFiniteError)."""
+    runner = runs.runner
     averaged = average(pending)
-    if not all(math.isfinite(v) for v in averaged.values()):
-        raise runner.non_finite(step, f"training metrics {averaged}")
+    per_run = {i: {k: float(np.ravel(v)[i]) for k, v in averaged.items()} for i in runs.alive}
+    for i, values in per_run.items():
+        if not all(math.isfinite(v) for v in values.values()):
+            runs.fail(i, runner.non_finite(step, f"training metrics {values}", i))
+    if not runs.alive:
+        return
+    shown = {k: float(np.mean([per_run[i][k] for i in runs.alive])) for k in averaged}
     rate = progress.update(
-        step, averaged, runner.compile_seconds + runner.pause_seconds, runner.compile_steps
+        step, shown, runner.compile_seconds + runner.pause_seconds, runner.compile_steps
     )
-    writer.write(
-        {
-            "step": step,
-            "split": "train",
-            **({"steps_per_s": rate} if rate is not None else {}),
-            **{f"train/{k}": v for k, v in averaged.items()},
-        }
-    )
+    for i in runs.alive:
+        runs.writers[i].write(
+            {
+                "step": step,
+                "split": "train",
+                **({"steps_per_s": rate} if rate is not None else {}),
+                **{f"train/{k}": v for k, v in per_run[i].items()},
+            }
+        )
 
 
 def _write_json(workdir: str, name: str, value: Any) -> None:
     """Write ``workdir/name`` atomically, from the primary host only."""
-    if not is_primary_host():
-        return
-    path = os.path.join(workdir, name)
-    with open(path + ".tmp", "w") as f:
-        json.dump(value, f, indent=2)
-    os.replace(path + ".tmp", path)
+    if is_primary_host():
+        write_atomically(os.path.join(workdir, name), json.dumps(value, indent=2))
 
 
-def _validate(runner: Runner, writer: MetricsWriter, state, best_score: float) -> float:
-    """Evaluate on the validation split; keep the parameters if they are the best so far."""
-    cfg, started = runner.cfg, time.perf_counter()
-    log.info("validation on %d tasks at step %d", cfg.eval.val_tasks, int(state.step))
-    records = runner.evaluate(trained(state), "val", cfg.eval.val_tasks, [cfg.trainer.shots])
-    step = int(state.step)
-    writer.write({"step": step, "split": "val", "eval": records})
-    score = selection_score(records, runner.exp.objective, cfg.trainer.shots)
-    if score > best_score:
-        best_score = score
-        runner.run_dir.record()
-        runner.best.save(step, trained(state), {"step": step, "score": score})
-    runner.pause_seconds += time.perf_counter() - started
-    return best_score
-
-
-def _final_evaluation(runner: Runner, state) -> list[dict]:
+def _validate(runs: _Runs, state) -> None:
+    """Evaluate every run on the validation split; keep each one's parameters if they are its
+    best so far."""
+    runner, started = runs.runner, time.perf_counter()
     cfg = runner.cfg
-    final, chosen = trained(state), "final"
-    best = runner.best.restore_intact(trained(state)) if cfg.eval.select_best else None
-    if best is not None:
-        final, metadata = best
-        chosen = f"best on validation (step {metadata['step']})"
-    log.info("final evaluation on %d test tasks with the %s parameters", cfg.eval.num_tasks, chosen)
-    records = runner.evaluate(final, "test", cfg.eval.num_tasks)
-    _write_json(runner.workdir, "eval.json", records)
-    for r in records:
-        log.info("test %s", format_record(r))
-    return records
+    step = int(runner.part(state, 0).step)
+    log.info("validation on %d tasks at step %d", cfg.eval.val_tasks, step)
+    every = runner.evaluate(trained(state), "val", cfg.eval.val_tasks, [cfg.trainer.shots])
+    for i in runs.alive:
+        records = every[i]
+        runs.writers[i].write({"step": step, "split": "val", "eval": records})
+        score = selection_score(records, runner.exps[i].objective, cfg.trainer.shots)
+        if score > runs.best_scores[i]:
+            runs.best_scores[i] = score
+            runner.run_dirs[i].record()
+            params = runner.part(trained(state), i)
+            runner.best[i].save(step, params, {"step": step, "score": score})
+    runner.pause_seconds += time.perf_counter() - started
+
+
+def _final_evaluation(runs: _Runs, state) -> list[list[dict]]:
+    """Each run's test evaluation, of its best-on-validation parameters where it has them."""
+    runner = runs.runner
+    cfg = runner.cfg
+    finals, chosen = [], []
+    for i in range(runner.count):
+        final = runner.part(trained(state), i)
+        best = runner.best[i].restore_intact(final) if cfg.eval.select_best else None
+        finals.append(best[0] if best is not None else final)
+        chosen.append(f"best on validation (step {best[1]['step']})" if best else "final")
+    which = chosen[0] if len(set(chosen)) == 1 else "best-on-validation (or final)"
+    log.info("final evaluation on %d test tasks with the %s parameters", cfg.eval.num_tasks, which)
+    every = runner.evaluate(runner.placed(finals), "test", cfg.eval.num_tasks)
+    for i in runs.alive:
+        _write_json(runner.run_dirs[i].path, "eval.json", every[i])
+        run = f"{os.path.basename(runner.run_dirs[i].path)}: " if runner.vectorized else ""
+        for r in every[i]:
+            log.info("test %s%s", run, format_record(r))
+    return every

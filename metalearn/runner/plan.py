@@ -14,6 +14,7 @@ scheduling, the compilation cache, ``jax.distributed``) are applied by
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import jax
 from jax.sharding import Mesh
@@ -40,9 +41,10 @@ class RunPlan:
     warnings: tuple[str, ...] = ()  # logged as the run starts
 
 
-def resolve(config: Config) -> RunPlan:
+def resolve(config: Config, *, runs: int = 1) -> RunPlan:
     """The :class:`RunPlan` of ``config`` on this process's devices (ValueError, one line, when
-    the meta-batch cannot be split across them)."""
+    the meta-batch cannot be split across them), as one of ``runs`` runs sharing a compiled
+    program: several are split across the devices by run, not by task (no task mesh)."""
     t = config.trainer
     parts = MODELS.entry(config.model.name).info.get("parts", ModelParts())
     large_tasks = TASKS.entry(config.data.name).info.get("large_tasks", False)
@@ -57,12 +59,33 @@ def resolve(config: Config) -> RunPlan:
             t.task_batching, convolutional=parts.convolutional, large_tasks=large_tasks
         ),
         steps_per_call=resolve_steps_per_call(t.steps_per_call, convolutional=parts.convolutional),
-        mesh=task_mesh(t.shard_tasks, t.meta_batch_size),
+        mesh=task_mesh(t.shard_tasks, t.meta_batch_size) if runs == 1 else None,
         platform=platform,
         device_count=device_count,
         devices=f"{device_count} x {jax.devices()[0].device_kind}",
         warnings=tuple(w for w in warnings if w),
     )
+
+
+def program_key(config: Config) -> str:
+    """What the compiled program of a run of ``config`` depends on, as a string: its settings
+    but for what the program takes as data (the seed, ``optimizer.lr``, the algorithm's
+    :func:`~metalearn.algorithms.base.hyperparameter` fields) and those that change no number
+    (its name, ``trainer.resume``, ...). Runs with one key can share one program.
+
+    >>> from metalearn.algorithms.maml import MAMLConfig
+    >>> key = lambda **kw: program_key(Config(algorithm=MAMLConfig(**kw), model={}, data={}))
+    >>> key(inner_lr=0.1) == key(inner_lr=0.2), key(inner_steps=1) == key(inner_steps=2)
+    (True, False)
+    """
+    from metalearn.algorithms.base import hyperparameters
+    from metalearn.runner.rundir import flat_config
+
+    data = {"seed", "optimizer.lr"}
+    if dataclasses.is_dataclass(config.algorithm):
+        data |= {f"algorithm.{name}" for name in hyperparameters(config.algorithm)}
+    flat = {k: v for k, v in flat_config(config).items() if k not in data}
+    return json.dumps(flat, sort_keys=True)
 
 
 def resolve_task_batching(strategy: str, *, convolutional: bool, large_tasks: bool = False) -> str:

@@ -24,6 +24,7 @@ from metalearn.models.base import Model
 from metalearn.runner.devices import (
     TASK_AXIS,
     constrain_replicated,
+    over_runs,
     over_task_shards,
     shard_task_axis,
 )
@@ -266,12 +267,14 @@ def make_meta_step(
     return meta_step
 
 
-def make_multi_step(meta_step: Callable, num_steps: int) -> Callable:
+def make_multi_step(meta_step: Callable, num_steps: int, runs_mesh=None, runs: bool = False):
     """Jit ``num_steps`` meta-steps fused by ``lax.scan``; metrics averaged over them.
 
     ``meta_step(state, train_arrays, *args)``: ``args`` (e.g. the run's keys and rates, a
-    :class:`~metalearn.runner.experiment.Hyper`) are passed to every step, as arguments of the
-    compiled program rather than constants in it.
+    :class:`~metalearn.runner.experiment.Hyper`) are arguments of the compiled program rather
+    than constants in it. With ``runs``, the state and the one argument ``hyper`` have a
+    leading runs axis (one entry per run, :func:`stack`) and the program runs every run
+    (``vmap``; with a ``runs_mesh``, each device its share of the runs): the data are shared.
     """
 
     def run(state: TrainState, train_arrays: PyTree, *args):
@@ -282,7 +285,24 @@ def make_multi_step(meta_step: Callable, num_steps: int) -> Callable:
         )
         return state, jax.tree_util.tree_map(lambda m: jnp.mean(m, axis=0), metrics)
 
+    if runs:
+        run = over_runs(jax.vmap(run, in_axes=(0, None, 0)), runs_mesh, (0, None, 0))
     return jax.jit(run, donate_argnums=0)
+
+
+def stack(trees: list[PyTree]) -> PyTree:
+    """Pytrees of the same structure (runs' states, keys and rates) stacked on a leading runs
+    axis.
+
+    >>> stack([{"w": jnp.zeros(2)}, {"w": jnp.ones(2)}])["w"].shape
+    (2, 2)
+    """
+    return jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *trees)
+
+
+def run_of(tree: PyTree, index: int) -> PyTree:
+    """Entry ``index`` of a pytree stacked on a runs axis (:func:`stack`)."""
+    return jax.tree_util.tree_map(lambda leaf: leaf[index], tree)
 
 
 def make_eval_step(
@@ -292,6 +312,8 @@ def make_eval_step(
     steps: tuple[int, ...],
     strategy: str,
     mesh=None,
+    runs: bool = False,
+    runs_mesh=None,
 ) -> Callable:
     """Jitted ``(trained, split_arrays, keys, shots, hyper=None) -> {metric: [len(keys),
     len(steps)]}``.
@@ -300,7 +322,9 @@ def make_eval_step(
     from its key; its model key is ``fold_in(key, 1)``. ``hyper``: the learner's
     hyperparameters (``MetaLearner.hyper``'s names), arguments of the compiled step rather than
     constants (None: the values it was built with). With a ``mesh`` on one host the results are
-    left split across its devices (read them with ``jax.device_get``).
+    left split across its devices (read them with ``jax.device_get``). With ``runs``,
+    ``trained`` and ``hyper`` have a leading runs axis, and so do the results: every run is
+    evaluated on the same tasks (``vmap``; with a ``runs_mesh``, each device its runs).
     """
 
     def evaluate(trained: Trained, split_arrays, keys, shots, hyper=None):
@@ -322,6 +346,14 @@ def make_eval_step(
         # read them too: no gather in the program
         return results if jax.process_count() == 1 else constrain_replicated(results, mesh)
 
+    if runs:
+        each = jax.vmap(evaluate, in_axes=(0, None, None, None, 0))
+        return jax.jit(
+            lambda trained, arrays, keys, shots, hyper: over_runs(
+                lambda t, a, h: each(t, a, keys, shots, h), runs_mesh, (0, None, 0)
+            )(trained, arrays, hyper),
+            static_argnums=3,
+        )
     return jax.jit(evaluate, static_argnums=3)
 
 

@@ -107,7 +107,7 @@ def evaluate_init(overrides: list[str], params, workdir) -> tuple[list[dict], ob
     runner = runner_of(cfg, workdir)
     try:
         params = trained(runner.initial_state) if params is None else params
-        return runner.evaluate(params, "test", 4), params
+        return runner.evaluate(params, "test", 4)[0], params
     finally:
         runner.close()
 

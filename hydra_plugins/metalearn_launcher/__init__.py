@@ -1,0 +1,1 @@
+"""metalearn's Hydra launcher: ``hydra/launcher=vectorized`` (see :mod:`.vectorized_launcher`)."""
