@@ -8,7 +8,10 @@ fresh sweep directory and an empty compilation cache; the N runs differ in their
 
 - ``vectorized``: ``hydra/launcher=vectorized``, the runs in one compiled program;
 - ``basic``: Hydra's basic launcher, the runs one after another in one process;
-- ``processes2``: one process per run, two at a time (one per core of a 2-core machine).
+- ``processes2``: one process per run, two at a time (one per core of a 2-core machine);
+- ``processes2t1``: the same, each process's XLA:CPU on one thread
+  (``--xla_cpu_multi_thread_eigen=false``: on a 2-core CPU the small MLP's step is about twice
+  as fast so, and two such processes share the cores without contention).
 
 Writes one JSONL row per (case, N, mode): wall seconds, per run, the throughput against the
 same mode at N = 1, compile seconds (one job's), peak memory of the largest process, and the
@@ -42,13 +45,14 @@ CASES = {
     # Finn et al.'s 2D navigation, shortened
     "nav2d": ["+experiment=rl_nav2d_maml", "trainer.meta_steps=5", "trainer.eval_every=0"],
 }
-MODES = ("vectorized", "basic", "processes2")
+MODES = ("vectorized", "basic", "processes2", "processes2t1")
+ONE_THREAD = "--xla_cpu_multi_thread_eigen=false"
 
 
 def command(case: str, seeds: list[int], sweep_dir: Path, mode: str) -> list[list[str]]:
     """The command lines of one sweep (one, or one per run for ``processes2``)."""
     base = [sys.executable, "-m", "metalearn.train", *CASES[case], "trainer.progress_bar=lines"]
-    if mode == "processes2":
+    if mode.startswith("processes2"):
         return [[*base, f"seed={s}", f"hydra.run.dir={sweep_dir}/{s}"] for s in seeds]
     launcher = "hydra/launcher=vectorized" if mode == "vectorized" else "hydra/launcher=basic"
     seed_list = ",".join(map(str, seeds))
@@ -111,9 +115,11 @@ def main(argv: list[str] | None = None) -> int:
                 with tempfile.TemporaryDirectory() as scratch:
                     env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": f"{scratch}/cache"}
                     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+                    if mode == "processes2t1":
+                        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {ONE_THREAD}".strip()
                     sweep_dir = Path(scratch) / "sweep"
                     cmds = command(case, list(range(count)), sweep_dir, mode)
-                    wall, peak = run(cmds, env, 2 if mode == "processes2" else 1)
+                    wall, peak = run(cmds, env, 2 if mode.startswith("processes2") else 1)
                     per_run = wall / count
                     first.setdefault(mode, per_run)
                     row = {

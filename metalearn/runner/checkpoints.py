@@ -183,6 +183,21 @@ def _draining_event_loops() -> Iterator[None]:
         asyncio.set_event_loop_policy(previous)
 
 
+def intact_steps(directory: str) -> list[int]:
+    """The steps of the store in ``directory`` whose checksums verify, newest first (a store
+    need not be open: nothing is moved; an unfinished save's directory is no step)."""
+    if not os.path.isdir(directory):
+        return []
+    required = os.path.exists(os.path.join(directory, CHECKSUMMED))
+    steps = sorted((int(n) for n in os.listdir(directory) if n.isdigit()), reverse=True)
+    return [s for s in steps if verify(os.path.join(directory, str(s)), required) is None]
+
+
+def newest_intact_step(directory: str) -> int | None:
+    """The newest step of the store in ``directory`` whose checksums verify, or None."""
+    return next(iter(intact_steps(directory)), None)
+
+
 class CheckpointStore:
     """Save and restore ``(state pytree, JSON metadata)`` pairs under one directory."""
 
@@ -252,10 +267,7 @@ class CheckpointStore:
 
     def newest_intact_step(self) -> int | None:
         """The newest step whose checksums verify (nothing is moved)."""
-        for step in sorted(self._manager.all_steps(), reverse=True):
-            if verify(self.step_dir(step), self._checksummed()) is None:
-                return step
-        return None
+        return newest_intact_step(self.directory)
 
     def restore_intact(self, template: PyTree) -> tuple[PyTree, dict] | None:
         """The newest checkpoint that verifies and loads (None if none does); damaged newer ones

@@ -24,15 +24,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from metalearn.config import Config
-from metalearn.errors import one_line
-from metalearn.runner.checkpoints import CHECKSUMMED, verify
+from metalearn.runner.checkpoints import intact_steps, newest_intact_step
 from metalearn.runner.devices import InFlight, is_primary_host
 from metalearn.runner.evaluation import format_record, selection_score
 from metalearn.runner.experiment import build, count_parameters
 from metalearn.runner.layout import resume_hint, saved_steps
 from metalearn.runner.plan import resolve
 from metalearn.runner.preflight import outer_step_settings
-from metalearn.runner.reporting import MetricsWriter, Progress, timed_rate
+from metalearn.runner.reporting import (
+    MetricsWriter,
+    Progress,
+    earlier_processes,
+    timed_rate,
+)
 from metalearn.runner.run import NonFiniteError, Runner, average, json_float
 from metalearn.runner.rundir import RunDirectory, write_atomically
 from metalearn.runner.signals import Interrupted, StopRequest
@@ -145,41 +149,25 @@ def _interrupted(workdir: str, sweep_dir: str | None, err: Interrupted, stop: St
     return _stopped(max(steps, default=0), err.signum, stop)
 
 
-def _newest_intact(workdir: str) -> int:
-    """The newest step of a run directory's ``checkpoints/`` whose files verify (0: none)."""
-    store = os.path.join(workdir, "checkpoints")
-    required = os.path.exists(os.path.join(store, CHECKSUMMED))
-    steps = sorted(saved_steps_in(store), reverse=True)
-    return next((s for s in steps if verify(os.path.join(store, str(s)), required) is None), 0)
-
-
-def saved_steps_in(store: str) -> list[int]:
-    return [int(n) for n in os.listdir(store) if n.isdigit()] if os.path.isdir(store) else []
-
-
 def _common_start(jobs: Sequence[Job]) -> tuple[int | None, list[int]]:
     """The step a group resumes from together, and the runs that cannot (a kill between the
     runs' saves left some a checkpoint ahead, and they keep none of the others' step). None:
     each run's latest (they agree, or it is one run)."""
     if len(jobs) == 1 or not jobs[0].config.trainer.resume:
         return None, []
-    newest = [_newest_intact(job.workdir) for job in jobs]
+    intact = [intact_steps(os.path.join(job.workdir, "checkpoints")) for job in jobs]
+    newest = [steps[0] if steps else 0 for steps in intact]
     start = min(newest)
     if start == max(newest):
         return None, []
-    behind = []
-    for k, job in enumerate(jobs):
-        store = os.path.join(job.workdir, "checkpoints")
-        required = os.path.exists(os.path.join(store, CHECKSUMMED))
-        if start and verify(os.path.join(store, str(start)), required) is not None:
-            behind.append(k)
-    return start, behind
+    return start, [k for k, steps in enumerate(intact) if start and start not in steps]
 
 
 def _finished(job: Job) -> bool:
     """Whether a job's run was trained to its end and evaluated before."""
     evaluated = os.path.exists(os.path.join(job.workdir, "eval.json"))
-    return evaluated and _newest_intact(job.workdir) >= job.config.trainer.meta_steps
+    newest = newest_intact_step(os.path.join(job.workdir, "checkpoints"))
+    return evaluated and (newest or 0) >= job.config.trainer.meta_steps
 
 
 def _saved_summary(workdir: str) -> dict:
@@ -386,49 +374,6 @@ def unchanged_warning(outer_settings: str | None, start_step: int, step: int) ->
         f"unchanged; check {outer_settings or 'optimizer.lr'}, and the training metrics in "
         "metrics.jsonl (a TRPO step whose line search accepts nothing logs accepted 0)"
     )
-
-
-# What summary.json says of the process that wrote it (its times and rate are its own).
-PROCESS_KEYS = (
-    "start_step",
-    "step",
-    "train_seconds",
-    "compile_seconds",
-    "steps_per_s",
-    "devices",
-    "wall_seconds",
-)
-
-
-def earlier_processes(workdir: str) -> list[dict]:
-    """The times of the processes that finished this run before (from the ``summary.json``
-    about to be replaced): a rerun of a finished run, or one resumed with a longer
-    ``trainer.meta_steps``, keeps them instead of overwriting them. Empty when there is no
-    readable summary; an unreadable one is kept as ``summary.json.unreadable``, with a warning
-    (otherwise the times of the processes it listed would be lost)."""
-    path = os.path.join(workdir, "summary.json")
-    try:
-        with open(path, "rb") as f:
-            previous = json.loads(f.read())
-        problem = None if isinstance(previous, dict) else "not a JSON object"
-    except FileNotFoundError:
-        return []
-    except (OSError, ValueError) as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        problem = one_line(err)
-    if problem is not None:
-        with contextlib.suppress(OSError):
-            os.replace(path, path + ".unreadable")
-            log.warning(
-                "%s could not be read (%s): kept as %s.unreadable; the new summary lists none "
-                "of the earlier processes it held",
-                path,
-                problem,
-                path,
-            )
-        return []
-    earlier = previous.get("earlier_processes")
-    earlier = earlier if isinstance(earlier, list) else []
-    return [*earlier, {key: previous.get(key) for key in PROCESS_KEYS}]
 
 
 def _log_training(runs: _Runs, progress: Progress, step: int, pending: list) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import logging
@@ -12,6 +13,8 @@ import uuid
 
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
+
+from metalearn.errors import one_line
 
 log = logging.getLogger("metalearn")
 
@@ -260,3 +263,46 @@ class EvaluationProgress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+# What summary.json says of the process that wrote it (its times and rate are its own).
+PROCESS_KEYS = (
+    "start_step",
+    "step",
+    "train_seconds",
+    "compile_seconds",
+    "steps_per_s",
+    "devices",
+    "wall_seconds",
+)
+
+
+def earlier_processes(workdir: str) -> list[dict]:
+    """The times of the processes that finished this run before (from the ``summary.json``
+    about to be replaced): a rerun of a finished run, or one resumed with a longer
+    ``trainer.meta_steps``, keeps them instead of overwriting them. Empty when there is no
+    readable summary; an unreadable one is kept as ``summary.json.unreadable``, with a warning
+    (otherwise the times of the processes it listed would be lost)."""
+    path = os.path.join(workdir, "summary.json")
+    try:
+        with open(path, "rb") as f:
+            previous = json.loads(f.read())
+        problem = None if isinstance(previous, dict) else "not a JSON object"
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        problem = one_line(err)
+    if problem is not None:
+        with contextlib.suppress(OSError):
+            os.replace(path, path + ".unreadable")
+            log.warning(
+                "%s could not be read (%s): kept as %s.unreadable; the new summary lists none "
+                "of the earlier processes it held",
+                path,
+                problem,
+                path,
+            )
+        return []
+    earlier = previous.get("earlier_processes")
+    earlier = earlier if isinstance(earlier, list) else []
+    return [*earlier, {key: previous.get(key) for key in PROCESS_KEYS}]

@@ -15,11 +15,11 @@ from omegaconf import OmegaConf
 from metalearn.config import to_objects
 from metalearn.runner.checkpoints import CheckpointStore
 from metalearn.runner.loop import (
-    PROCESS_KEYS,
     NonFiniteError,
     chunk_length,
     train_and_evaluate,
 )
+from metalearn.runner.reporting import PROCESS_KEYS
 from metalearn.runner.rundir import saved_steps
 from metalearn.runner.steps import trained
 from tests.cli import checkout_env, run_cli, run_tool
