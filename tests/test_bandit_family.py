@@ -10,6 +10,7 @@ reward as the metric that selects the best parameters. MAML meta-trains it throu
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -131,5 +132,13 @@ def test_the_runner_trains_and_selects_on_the_declared_metric(tmp_path):
     assert summary["step"] == 20 and not summary["interrupted"]
     metrics = {r["metric"] for r in summary["eval"]}
     assert metrics == {"reward"}
-    # The best validation score is the reward itself (maximised), not a negated loss.
-    assert summary["best_val_score"] is not None and summary["best_val_score"] > -1.0
+    # The best validation score is the highest validation reward itself, not a negated loss.
+    with open(tmp_path / "metrics.jsonl") as f:
+        records = [json.loads(line) for line in f]
+    rewards = [
+        max((e for e in r["eval"] if e["metric"] == "reward"), key=lambda e: e["steps"])["mean"]
+        for r in records
+        if r.get("split") == "val"
+    ]
+    assert len(rewards) >= 2 and len(set(rewards)) > 1
+    assert summary["best_val_score"] == max(rewards)

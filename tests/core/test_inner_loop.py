@@ -363,10 +363,14 @@ def test_an_optimizer_that_is_not_a_transformation_is_named(optimizer):
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"learning_rate": float("nan")}, {"learning_rate": 0.1, "eps_root": float("nan")}]
+    ("kwargs", "message"),
+    [
+        ({"learning_rate": float("nan")}, "learning_rate must be finite, got nan"),
+        ({"learning_rate": 0.1, "eps_root": float("nan")}, "eps_root must be > 0 .* got nan"),
+    ],
 )
-def test_inner_adam_refuses_non_finite_settings(kwargs):
-    with pytest.raises(ValueError):  # a NaN rate returned NaN parameters silently
+def test_inner_adam_refuses_non_finite_settings(kwargs, message):
+    with pytest.raises(ValueError, match=message):  # NaN parameters would come back silently
         inner_adam(**kwargs)
 
 

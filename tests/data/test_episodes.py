@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from metalearn.data.class_split import ClassSplit
-from metalearn.data.episodes import episode_distribution, random_subset, sample_episode
+from metalearn.data.episodes import episode_distribution, sample_episode
 
 NUM_CLASSES, PER_CLASS = 30, 12
 
@@ -23,12 +23,20 @@ def tagged_images(num_classes=NUM_CLASSES, per_class=PER_CLASS) -> np.ndarray:
     return np.stack([c, e], -1).astype(np.uint8).reshape(num_classes, per_class, 1, 1, 2)
 
 
+def numpy_subset(key, batch, n, k):
+    """``k`` distinct indices of ``n``: those of the ``k`` largest uniform draws, ties to the lower
+    index (a stable sort of the negated draws in NumPy, not metalearn's ``lax.top_k``)."""
+    draws = np.asarray(jax.random.uniform(key, (*batch, n)))
+    return np.argsort(-draws, axis=-1, kind="stable")[..., :k]
+
+
 def dense_reference_episode(images, key, *, ways, shots, num_queries):
-    """The sampler before the offsets/counts layout (commit fa979d2), on a dense array."""
+    """The sampler before the offsets/counts layout (commit fa979d2), on a dense array, its
+    subsets drawn in NumPy."""
     num_classes, per_class = images.shape[:2]
     k_classes, k_examples, k_labels = jax.random.split(key, 3)
-    classes = random_subset(k_classes, (), num_classes, ways)
-    examples = random_subset(k_examples, (ways,), per_class, shots + num_queries)
+    classes = numpy_subset(k_classes, (), num_classes, ways)
+    examples = numpy_subset(k_examples, (ways,), per_class, shots + num_queries)
     labels = jax.random.permutation(k_labels, ways).astype(jnp.int32)
     x = images[classes[:, None], examples].astype(jnp.float32) / 255.0
     y = jnp.broadcast_to(labels[:, None], (ways, shots + num_queries))

@@ -191,7 +191,10 @@ def test_eval_is_deterministic_and_train_depends_on_the_dropout_key():
     net = resnet12(5, filters=SMALL, dropblock_size=2)
     variables = init(net, 32)
     x = jax.random.normal(jax.random.key(1), (8, 32, 32, 3))
-    np.testing.assert_array_equal(evaluate(net, variables, x), evaluate(net, variables, x))
+    # evaluation drops nothing: the NumPy forward pass (no dropout at all) gives the same logits
+    np.testing.assert_allclose(
+        evaluate(net, variables, x), np_forward(variables, x), rtol=1e-4, atol=1e-4
+    )
     out0, _ = train_call(net, variables, x, key=0)
     again, _ = train_call(net, variables, x, key=0)
     out1, _ = train_call(net, variables, x, key=1)

@@ -140,9 +140,11 @@ def test_table_ratio(bench):
     assert " 5.00 " in out.getvalue()
 
 
-def test_unknown_case_is_an_error(bench):
-    with pytest.raises(SystemExit):
+def test_unknown_case_is_an_error(bench, capsys):
+    with pytest.raises(SystemExit) as exit_info:
         bench.parse_args(["--case", "omniglot_3w1s"])
+    assert exit_info.value.code == 2
+    assert "unknown case 'omniglot_3w1s'; known: omniglot_5w1s" in capsys.readouterr().err
 
 
 @pytest.mark.slow
