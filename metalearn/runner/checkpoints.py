@@ -124,9 +124,8 @@ def _sync_hosts(tag: str) -> None:
 
 
 class _DrainingLoop(asyncio.SelectorEventLoop):
-    """An event loop that, when closed, first lets its pending tasks end (cancelled after
-    DRAIN_SECONDS): orbax closes a restore's loop at its first failed read, and each other read
-    still calls the loop as it ends. Their failures are the restore's: not printed again."""
+    """An event loop that, when closed, first lets its pending tasks end: orbax closes a
+    restore's loop at its first failed read, and each other read still calls it as it ends."""
 
     def call_exception_handler(self, context: dict) -> None:
         if not str(context.get("message", "")).startswith("Task exception was never retrieved"):

@@ -61,8 +61,7 @@ def replicated(tree: Any, mesh: Mesh | None) -> Any:
 
 def over_task_shards(fn: Callable[[Any, Any], Any], mesh: Mesh, *, reduce: bool) -> Callable:
     """``fn(shared, tasks)`` run by each device of ``mesh`` on its share of ``tasks``; with
-    ``reduce``, ``fn`` returns the same value on every device (``lax.pmean`` over ``TASK_AXIS``),
-    else its per-task results are concatenated back.
+    ``reduce``, ``fn`` averages over ``TASK_AXIS`` itself, else its results are concatenated.
 
     >>> import jax, jax.numpy as jnp
     >>> mesh = Mesh(jax.devices()[:1], (TASK_AXIS,))

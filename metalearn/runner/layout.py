@@ -152,10 +152,7 @@ def enclosing_store(workdir: str) -> str | None:
     True
     """
     path = os.path.abspath(workdir)
-    while True:
-        parent = os.path.dirname(path)
-        if parent == path:
-            return None
+    while (parent := os.path.dirname(path)) != path:
         name = os.path.basename(path)
         record = os.path.join(parent, "checkpoints", RECORD)
         if name in CHECKPOINT_STORES and os.path.isfile(record):
@@ -163,6 +160,7 @@ def enclosing_store(workdir: str) -> str | None:
         if name in OTHER_PARTS_OF_A_RUN and holds_a_run(parent):
             return path
         path = parent
+    return None
 
 
 def check_outside_stores(directory: str, key: str = "hydra.run.dir") -> None:
