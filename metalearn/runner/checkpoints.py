@@ -1,21 +1,13 @@
-"""Orbax checkpoints of the training state: written atomically, verified when loaded.
-
-Orbax writes each checkpoint into a temporary directory and renames it into place when complete;
-a process that dies mid-write leaves only a ``*.orbax-checkpoint-tmp-*`` directory, which orbax
-never lists as a step and removes when the store is next opened (on the primary host). Then a
-``checksums.sha256`` manifest (one ``sha256  relative/path`` line per file) is written into the
-step directory. Loading verifies it: a checkpoint whose files were truncated, altered or deleted
-is moved aside to ``damaged/<step>-<time>/`` (never deleted) and the next older intact one is
-used; one that verifies but does not fit the config's parameters is refused with
-:class:`CheckpointMismatchError` and left in place. A run directory has two stores:
-``checkpoints/`` (the latest states, for resuming) and ``best/`` (the best on validation).
-"""
+"""Orbax checkpoints of the training state, written atomically, each with a checksum manifest
+verified when loaded: a damaged checkpoint is moved aside to ``damaged/`` and the next older
+intact one used; an intact one that does not fit the config is refused."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import logging
 import os
 import shutil
@@ -29,10 +21,11 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.tree_util import tree_leaves_with_path
 
+from metalearn.runner.rundir import write_atomically
+
 PyTree = Any
 MANIFEST = "checksums.sha256"
-# Written into a store before its first save: from then on a step without a manifest is a save
-# that did not finish (killed between orbax's rename and the manifest), not an older version's.
+# In a store from its first save: a step without a manifest is then a save that did not finish.
 CHECKSUMMED = "checksummed"
 DAMAGED = "damaged"
 DRAIN_SECONDS = 30.0  # how long a failed restore's other reads may take to end
@@ -61,18 +54,14 @@ def file_digests(directory: str) -> dict[str, str]:
 def write_manifest(directory: str) -> None:
     """Write ``directory/checksums.sha256`` atomically."""
     lines = "".join(f"{digest}  {rel}\n" for rel, digest in file_digests(directory).items())
-    path = os.path.join(directory, MANIFEST)
-    with open(path + ".tmp", "w") as f:
-        f.write(lines)
-    os.replace(path + ".tmp", path)
+    write_atomically(os.path.join(directory, MANIFEST), lines)
 
 
 class CheckpointMismatchError(ValueError):
     """An intact checkpoint whose parameters do not fit the config's (shape or structure)."""
 
 
-# Orbax's words for a restore template that does not fit the saved tree (not a damaged file),
-# and those of stored_mismatch, which finds it first from the checkpoint's metadata.
+# Orbax's (and stored_mismatch's) words for a template that does not fit the saved tree.
 MISMATCH_MARKERS = (
     "tree structures do not match",
     "not compatible with the stored shape",
@@ -81,16 +70,13 @@ MISMATCH_MARKERS = (
 
 
 def _names(path: tuple) -> tuple[str, ...]:
-    """A pytree path as names, whatever kind of node held each entry (orbax stores NamedTuple
-    fields as dict keys)."""
+    """A pytree path as names, whatever node held each entry (orbax stores NamedTuples as dicts)."""
     return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
 
 
 def stored_mismatch(state_dir: str, template: PyTree) -> str | None:
-    """How the arrays saved in ``state_dir`` differ from ``template``'s (an array only one of
-    them has, or the first shape that differs), from the checkpoint's metadata alone, so that no
-    read starts for a template that cannot fit; None if they fit or the metadata cannot be read
-    (the restore then tells)."""
+    """How the arrays saved in ``state_dir`` differ from ``template``'s (None if they fit), from
+    the metadata alone: no read starts for a template that cannot fit."""
     try:
         metadata = ocp.StandardCheckpointHandler().metadata(epath.Path(state_dir))
     except Exception:  # noqa: BLE001 - unreadable metadata: the restore reports the damage
@@ -110,27 +96,22 @@ def stored_mismatch(state_dir: str, template: PyTree) -> str | None:
 
 
 def verify(directory: str, required: bool = True) -> str | None:
-    """None if every file listed in the manifest is there unchanged, else what is wrong.
-    Without a manifest: wrong if ``required``, else (an older version's) loading is the test."""
+    """What is wrong with the files the manifest lists (or its absence if ``required``), or None."""
     path = os.path.join(directory, MANIFEST)
     if not os.path.exists(path):
         return f"no {MANIFEST}: its save did not finish" if required else None
-    expected = {}
     try:
         with open(path, encoding="utf-8") as f:
-            for line in f:
-                digest, rel = line.rstrip("\n").split("  ", 1)
-                if len(digest) != 64:
-                    raise ValueError(digest)
-                expected[rel] = digest
-    except (ValueError, UnicodeDecodeError):
+            pairs = [line.rstrip("\n").split("  ", 1) for line in f]
+        expected = {rel: digest for digest, rel in pairs}  # a ValueError unless two fields each
+        if any(len(digest) != 64 for digest, _ in pairs):
+            raise ValueError("not a sha256 digest")
+    except ValueError:  # UnicodeDecodeError included
         return f"{MANIFEST} is unreadable"
     actual = file_digests(directory)
     for rel, digest in expected.items():
-        if rel not in actual:
-            return f"{rel} is missing"
-        if actual[rel] != digest:
-            return f"{rel} fails its checksum"
+        if actual.get(rel) != digest:
+            return f"{rel} fails its checksum" if rel in actual else f"{rel} is missing"
     return None
 
 
@@ -143,13 +124,8 @@ def _sync_hosts(tag: str) -> None:
 
 
 class _DrainingLoop(asyncio.SelectorEventLoop):
-    """An event loop that, when closed, first lets the tasks still pending on it end.
-
-    Orbax closes a restore's loop as soon as its first read fails, the others pending; each of
-    those still calls the loop as it ends, even cancelled ("Event loop is closed" once closed).
-    Those pending after DRAIN_SECONDS are cancelled. Their failures are the restore's, which the
-    first reported: they are not printed as "Task exception was never retrieved".
-    """
+    """An event loop that, when closed, first lets its pending tasks end: orbax closes a
+    restore's loop at its first failed read, and each other read still calls it as it ends."""
 
     def call_exception_handler(self, context: dict) -> None:
         if not str(context.get("message", "")).startswith("Task exception was never retrieved"):
@@ -166,17 +142,13 @@ class _DrainingLoop(asyncio.SelectorEventLoop):
         super().close()
 
 
-class _DrainingPolicy(asyncio.DefaultEventLoopPolicy):
-    def new_event_loop(self) -> asyncio.AbstractEventLoop:
-        return _DrainingLoop()
-
-
 @contextlib.contextmanager
 def _draining_event_loops() -> Iterator[None]:
     """Event loops made meanwhile (by orbax, in any thread) drain their pending tasks on close
-    (through asyncio's policy: deprecated from Python 3.14, in effect up to 3.16)."""
-    previous = asyncio.get_event_loop_policy()
-    asyncio.set_event_loop_policy(_DrainingPolicy())
+    (asyncio's policies are deprecated from Python 3.14, in effect up to 3.16)."""
+    previous, policy = asyncio.get_event_loop_policy(), asyncio.DefaultEventLoopPolicy()
+    policy.new_event_loop = _DrainingLoop
+    asyncio.set_event_loop_policy(policy)
     try:
         yield
     finally:
@@ -184,8 +156,7 @@ def _draining_event_loops() -> Iterator[None]:
 
 
 def intact_steps(directory: str) -> list[int]:
-    """The steps of the store in ``directory`` whose checksums verify, newest first (a store
-    need not be open: nothing is moved; an unfinished save's directory is no step)."""
+    """The steps of the store in ``directory`` whose checksums verify, newest first."""
     if not os.path.isdir(directory):
         return []
     required = os.path.exists(os.path.join(directory, CHECKSUMMED))
@@ -226,8 +197,8 @@ class CheckpointStore:
         if step in self._manager.all_steps():
             return
         if self.primary and not self._checksummed():
-            with open(os.path.join(self.directory, CHECKSUMMED), "w") as f:
-                f.write("every checkpoint here has a checksums.sha256 manifest\n")
+            marker = "every checkpoint here has a checksums.sha256 manifest\n"
+            write_atomically(os.path.join(self.directory, CHECKSUMMED), marker)
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state), metadata=ocp.args.JsonSave(metadata)
         )
@@ -256,8 +227,7 @@ class CheckpointStore:
                 raise RuntimeError(
                     f"checkpoint {self.step_dir(step)} cannot be read ({type(err).__name__})"
                 ) from err
-        # Orbax returns NamedTuples (optax states, TrainState) as plain containers: re-impose
-        # the template's tree structure on the restored leaves.
+        # Orbax returns NamedTuples as plain containers: re-impose the template's structure.
         treedef = jax.tree_util.tree_structure(template)
         state = jax.tree_util.tree_unflatten(treedef, jax.tree_util.tree_leaves(restored["state"]))
         return state, dict(restored["metadata"])
@@ -266,12 +236,10 @@ class CheckpointStore:
         return os.path.exists(os.path.join(self.directory, CHECKSUMMED))
 
     def newest_intact_step(self) -> int | None:
-        """The newest step whose checksums verify (nothing is moved)."""
         return newest_intact_step(self.directory)
 
     def restore_intact(self, template: PyTree) -> tuple[PyTree, dict] | None:
-        """The newest checkpoint that verifies and loads (None if none does); damaged newer ones
-        are moved aside, named in one warning line with where they went."""
+        """The newest checkpoint that verifies and loads, or None; damaged newer ones move aside."""
         damaged, result, used = [], None, None
         for step in sorted(self._manager.all_steps(), reverse=True):
             problem = verify(self.step_dir(step), self._checksummed())
@@ -297,22 +265,15 @@ class CheckpointStore:
             _sync_hosts(f"moved aside {self.directory} {used}")  # the primary host moved them
             self._manager.reload()
             instead = f"using step {used} instead" if result else "no intact one is left"
-            log.warning(
-                "damaged checkpoint%s in %s: %s; %s",
-                "s" if len(damaged) > 1 else "",
-                self.directory,
-                "; ".join(f"step {s} ({why}) moved to {where}" for s, why, where in damaged),
-                instead,
-            )
+            plural = "s" if len(damaged) > 1 else ""
+            moved = "; ".join(f"step {s} ({why}) moved to {where}" for s, why, where in damaged)
+            log.warning(f"damaged checkpoint{plural} in {self.directory}: {moved}; {instead}")
         return result
 
     def _move_aside(self, step: int) -> str:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        target = os.path.join(self.directory, DAMAGED, f"{step}-{stamp}")
-        suffix = 1
-        while os.path.exists(target):
-            target = os.path.join(self.directory, DAMAGED, f"{step}-{stamp}-{suffix}")
-            suffix += 1
+        base = os.path.join(self.directory, DAMAGED, f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
+        names = itertools.chain([base], (f"{base}-{i}" for i in itertools.count(1)))
+        target = next(name for name in names if not os.path.exists(name))
         if self.primary:
             os.makedirs(os.path.dirname(target), exist_ok=True)
             shutil.move(self.step_dir(step), target)

@@ -1,11 +1,5 @@
 """JAX's persistent compilation cache, on by default: reruns and sweep jobs skip recompiling.
-
-``trainer.compilation_cache`` picks the directory: ``auto`` (the default) is
-``$JAX_COMPILATION_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/metalearn/jax``, else
-``~/.cache/metalearn/jax``; any other string is a directory; ``off`` or null disables the cache.
-JAX caches programs whose compilation took at least 1 s (or
-``$JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS``). Set up before the process's first computation.
-"""
+``trainer.compilation_cache`` is ``auto``, an absolute directory, or ``off``."""
 
 from __future__ import annotations
 
@@ -34,17 +28,13 @@ def cache_directory(setting: str | None, environ: dict[str, str] | None = None) 
         return None
     if setting != "auto":
         return os.path.expanduser(setting)
-    if environ.get("JAX_COMPILATION_CACHE_DIR"):
-        return environ["JAX_COMPILATION_CACHE_DIR"]
     base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "metalearn", "jax")
+    return environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join(base, "metalearn", "jax")
 
 
 def enable_compilation_cache(setting: str | None) -> str | None:
     """Point JAX's persistent cache at the directory of ``setting`` (or turn it off); returns
-    the directory in use, or None. Under ``auto``, a directory that cannot be created turns the
-    cache off with a warning; a named one must be absolute (so that a typo of ``off`` is not
-    made a directory) and usable, else ValueError."""
+    it, or None. A named one must be absolute (a typo of ``off`` is no directory) and usable."""
     directory = cache_directory(setting)
     named = directory is not None and setting != "auto"
     if named and not os.path.isabs(directory):
@@ -63,9 +53,7 @@ def enable_compilation_cache(setting: str | None) -> str | None:
                 ) from None
             log.warning("compilation cache off: cannot create %s (%s)", directory, err.strerror)
             directory = None
-    if directory is None:
-        jax.config.update("jax_enable_compilation_cache", False)
-        return None
-    jax.config.update("jax_enable_compilation_cache", True)
-    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_enable_compilation_cache", directory is not None)
+    if directory is not None:
+        jax.config.update("jax_compilation_cache_dir", directory)
     return directory

@@ -1,12 +1,6 @@
-"""Devices and hosts: the task axis of a meta-batch sharded over every device, multi-host init.
-
-With more than one device (several GPUs, several hosts after ``jax.distributed``, or one
-XLA:CPU device per core), tasks of a meta-batch are split across a one-axis mesh named
-``tasks``; parameters, optimiser state and the dataset arrays are replicated. Each device runs
-its share of the tasks (``jax.shard_map``: the same task batching as on one device, e.g. a
-``lax.map`` loop accumulating the gradient mean) and the devices' means are averaged with an
-all-reduce, so the update equals the one-device update.
-"""
+"""Devices and hosts: each device runs its share of a meta-batch's tasks (``jax.shard_map``),
+everything else replicated, and an all-reduce averages their means, so the update equals the
+one-device update; multi-host init."""
 
 from __future__ import annotations
 
@@ -19,6 +13,8 @@ from typing import Any
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from metalearn.config import DistributedConfig
 
 log = logging.getLogger("metalearn")
 
@@ -47,11 +43,7 @@ def shard_task_axis(tree: Any, mesh: Mesh | None) -> Any:
 
 
 def replicated(tree: Any, mesh: Mesh | None) -> Any:
-    """Place ``tree`` on every device of ``mesh`` (on the default device without a mesh).
-
-    Every host holds the same values (same seed, same data), so in a multi-host run each one
-    supplies its own copy as the process-local data of a fully replicated global array.
-    """
+    """Place ``tree`` on every device of ``mesh`` (each host supplies its own, identical copy)."""
     if mesh is None:
         return tree
     sharding = NamedSharding(mesh, PartitionSpec())
@@ -60,9 +52,7 @@ def replicated(tree: Any, mesh: Mesh | None) -> Any:
 
     def to_global(x):
         if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-            data = jax.make_array_from_process_local_data(
-                sharding, np.asarray(jax.random.key_data(x))
-            )
+            data = to_global(jax.random.key_data(x))
             return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
         return jax.make_array_from_process_local_data(sharding, np.asarray(x))
 
@@ -70,11 +60,8 @@ def replicated(tree: Any, mesh: Mesh | None) -> Any:
 
 
 def over_task_shards(fn: Callable[[Any, Any], Any], mesh: Mesh, *, reduce: bool) -> Callable:
-    """``fn(shared, tasks)`` run by each device of ``mesh`` on its share of ``tasks``.
-
-    ``shared`` is replicated, ``tasks`` split on its leading axis. With ``reduce``, ``fn``
-    returns the same value on every device (it averages with ``lax.pmean`` over
-    ``TASK_AXIS``); without, its per-task results are concatenated back along the task axis.
+    """``fn(shared, tasks)`` run by each device of ``mesh`` on its share of ``tasks``; with
+    ``reduce``, ``fn`` averages over ``TASK_AXIS`` itself, else its results are concatenated.
 
     >>> import jax, jax.numpy as jnp
     >>> mesh = Mesh(jax.devices()[:1], (TASK_AXIS,))
@@ -82,25 +69,18 @@ def over_task_shards(fn: Callable[[Any, Any], Any], mesh: Mesh, *, reduce: bool)
     >>> float(over_task_shards(mean, mesh, reduce=True)(2.0, jnp.arange(4.0)))
     3.0
     """
+    in_specs = (PartitionSpec(), PartitionSpec(TASK_AXIS))
     out_specs = PartitionSpec() if reduce else PartitionSpec(TASK_AXIS)
-    return jax.shard_map(
-        fn,
-        mesh=mesh,
-        in_specs=(PartitionSpec(), PartitionSpec(TASK_AXIS)),
-        out_specs=out_specs,
-        check_vma=False,  # loop carries start replicated and end varying; fn reduces itself
-    )
+    # No replication check: loop carries start replicated and end varying; fn reduces itself.
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
 
 
-# Jitted calls a run lets JAX queue ahead of the host (see InFlight).
-MAX_CALLS_IN_FLIGHT = 4
+MAX_CALLS_IN_FLIGHT = 4  # jitted calls a run lets JAX queue ahead of the host (see InFlight)
 
 
 class InFlight:
-    """Bounds how many dispatched calls may still be running: ``add(outputs)`` waits for the
-    outputs added ``limit`` calls earlier. With dozens of calls queued on several XLA:CPU
-    devices, their launch threads can block each other around an all-reduce until XLA aborts
-    the process; a few queued keep the devices as busy.
+    """Bounds how many dispatched calls may still be running: with dozens queued on several
+    XLA:CPU devices, their launch threads can deadlock around an all-reduce.
 
     >>> import jax.numpy as jnp
     >>> queue = InFlight(limit=2)
@@ -127,29 +107,17 @@ def constrain_replicated(tree: Any, mesh: Mesh | None) -> Any:
     return jax.lax.with_sharding_constraint(tree, NamedSharding(mesh, PartitionSpec()))
 
 
-def initialize_distributed(
-    enabled: bool,
-    coordinator_address: str | None,
-    num_processes: int | None,
-    process_id: int | None,
-) -> None:
-    """Join a multi-host run with ``jax.distributed.initialize`` (before any JAX computation);
-    JAX detects unset fields from the cluster environment (SLURM, Open MPI, ...)."""
-    if not enabled:
+def initialize_distributed(d: DistributedConfig) -> None:
+    """Join a multi-host run when ``d.enabled``; JAX detects unset fields from the cluster."""
+    if not d.enabled:
         return
+    slurm = " from SLURM" if "SLURM_JOB_ID" in os.environ and d.coordinator_address is None else ""
     log.info(
-        "jax.distributed.initialize(coordinator=%s, num_processes=%s, process_id=%s)%s",
-        coordinator_address,
-        num_processes,
-        process_id,
-        " from SLURM" if "SLURM_JOB_ID" in os.environ and coordinator_address is None else "",
+        f"jax.distributed.initialize(coordinator={d.coordinator_address}, "
+        f"num_processes={d.num_processes}, process_id={d.process_id}){slurm}"
     )
     try:
-        jax.distributed.initialize(
-            coordinator_address=coordinator_address,
-            num_processes=num_processes,
-            process_id=process_id,
-        )
+        jax.distributed.initialize(d.coordinator_address, d.num_processes, d.process_id)
     except (ValueError, TypeError) as err:  # JAX found no cluster to fill in the unset fields
         raise ValueError(distributed_setup_error(err)) from err
 
@@ -185,9 +153,6 @@ TRAINING_MEMORY_ADVICE = (
 def out_of_memory_message(err: BaseException, advice: str = TRAINING_MEMORY_ADVICE) -> str | None:
     """One line for XLA's out of memory, with ``advice`` (what bounds memory); else None.
 
-    XLA says RESOURCE_EXHAUSTED, or on a CPU for some allocations ``INTERNAL: Error dispatching
-    computation: ... Out of memory allocating N bytes``.
-
     >>> out_of_memory_message(RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 8 bytes."),
     ...                       "lower eval.tasks_per_call")
     'out of memory on the device (RESOURCE_EXHAUSTED: Out of memory allocating 8 bytes.); lower eval.tasks_per_call'
@@ -209,8 +174,7 @@ RUNS_AXIS = "runs"
 
 
 def runs_mesh(count: int) -> Mesh | None:
-    """A mesh over every device for the runs axis of a group of ``count`` runs (each device
-    steps its share of them), or None on one device or when ``count`` does not divide."""
+    """A mesh over every device for ``count`` runs; None on one device or an uneven split."""
     devices = jax.devices()
     if len(devices) == 1 or count % len(devices):
         return None
@@ -218,9 +182,8 @@ def runs_mesh(count: int) -> Mesh | None:
 
 
 def over_runs(fn: Callable, mesh: Mesh | None, axes: tuple) -> Callable:
-    """``fn``, whose arguments at ``axes`` (0: split on their leading runs axis, None: shared)
-    and results all have a leading runs axis, run by each device of ``mesh`` on its share of
-    the runs; ``fn`` itself without a mesh."""
+    """``fn`` run by each device of ``mesh`` on its share of the runs (arguments at ``axes`` 0
+    and all results split on their leading runs axis; None: shared)."""
     if mesh is None:
         return fn
     specs = tuple(PartitionSpec(RUNS_AXIS) if a == 0 else PartitionSpec() for a in axes)

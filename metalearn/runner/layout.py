@@ -1,11 +1,5 @@
-"""What a run directory holds, and where one may be: the layout every part of metalearn reads.
-
-A run directory holds its records (``config.yaml``, ``metrics.jsonl``, ``eval.json``, ...) and
-its stores (``checkpoints/``, ``best/``, ``tensorboard/``, ``.hydra/``). A run must not be
-written inside another run's store (that run would take it for a damaged checkpoint, or show its
-curves as its own), a tool's output must never replace a run's record, and a path where a record
-or a store should be must be of the right kind.
-"""
+"""What a run directory holds (its records and its stores), and where one may be: never inside
+another run's store, which would take it for a damaged checkpoint or show its curves as its own."""
 
 from __future__ import annotations
 
@@ -44,8 +38,7 @@ RECORD = "config.json"  # under checkpoints/: the record of the run's config
 
 
 class RunDirectoryError(ValueError):
-    """The run directory holds a run that this config must not continue or replace, or lies
-    where no run may be."""
+    """The run directory holds a run this config must not continue, or lies where none may be."""
 
 
 def check_writable(directory: str) -> None:
@@ -58,8 +51,7 @@ def check_writable(directory: str) -> None:
         )
     try:
         os.makedirs(directory, exist_ok=True)
-        # A name of its own: the processes of a distributed run check the same directory at
-        # once, and one removed the probe another was about to remove ("cannot be written").
+        # A name of its own: the processes of a distributed run check the same directory at once.
         descriptor, probe = tempfile.mkstemp(prefix=".write_test.", dir=directory)
         os.close(descriptor)
         os.remove(probe)
@@ -82,9 +74,7 @@ def holds_a_run(directory: str) -> bool:
 
 
 def run_record(path: str | os.PathLike, allowed: Sequence[str] = ()) -> str | None:
-    """What ``path`` is when it is an existing file of a run or sweep (``eval.json``, a file
-    under ``checkpoints/``, a sweep's ``multirun.yaml``), in words; None for any other path and
-    for names matching a pattern in ``allowed`` (a tool's own outputs, e.g. ``eval_*.json``).
+    """What ``path`` is when it is an existing file of a run or sweep not matching ``allowed``.
 
     >>> run_record("/nonexistent/eval.json") is None
     True
@@ -108,31 +98,21 @@ def run_record(path: str | os.PathLike, allowed: Sequence[str] = ()) -> str | No
 
 def saved_steps(workdir: str) -> list[int]:
     """Steps of the checkpoints (``checkpoints/`` and ``best/``) in a run directory."""
-    steps = []
-    for store in CHECKPOINT_STORES:
-        path = os.path.join(workdir, store)
-        if os.path.isdir(path):
-            steps += [int(n) for n in os.listdir(path) if n.isdigit()]
-    return sorted(steps)
+    stores = [os.path.join(workdir, store) for store in CHECKPOINT_STORES]
+    return sorted(int(n) for s in stores if os.path.isdir(s) for n in os.listdir(s) if n.isdigit())
 
 
 def resume_hint(workdir: str, sweep_dir: str | None = None) -> str:
-    """What to rerun to resume the run in ``workdir``: the same command with its directory, or,
-    for a job of a sweep (``sweep_dir``), the same sweep command with the sweep's directory
-    (each job resumes from its last checkpoint; a finished job is not trained again)."""
+    """What to rerun to resume the run in ``workdir``, or the sweep in ``sweep_dir``."""
     if sweep_dir is not None:
-        sweep_dir = os.path.abspath(sweep_dir)
-        return (
-            f"rerun the same sweep command with {quoted_override('hydra.sweep.dir', sweep_dir)} "
-            "to resume its jobs"
-        )
+        override = quoted_override("hydra.sweep.dir", os.path.abspath(sweep_dir))
+        return f"rerun the same sweep command with {override} to resume its jobs"
     return f"rerun the same command with {quoted_override('hydra.run.dir', workdir)} to resume"
 
 
 def no_space_message(err: BaseException, workdir: str, hint: str) -> str | None:
-    """One line when ``err`` (or an exception it was raised from or while handling) is a full
-    disk, ENOSPC; else None. Orbax and TensorBoard report it from their own threads, wrapped.
-    ``hint``: what to rerun (:func:`resume_hint`).
+    """One line when ``err``, or an exception in its chain, is a full disk (ENOSPC: orbax and
+    TensorBoard wrap it from their own threads); else None. ``hint``: what to rerun.
 
     >>> no_space_message(RuntimeError("save failed: [Errno 28] No space left on device"), "R",
     ...                  resume_hint("R"))
@@ -158,9 +138,7 @@ def no_space_message(err: BaseException, workdir: str, hint: str) -> str | None:
 
 
 def enclosing_store(workdir: str) -> str | None:
-    """The checkpoint store (``checkpoints/`` or ``best/``), ``tensorboard/`` or ``.hydra/`` of
-    another run that ``workdir`` is or lies inside, or None. That run would take ``workdir``
-    for a damaged checkpoint of its own and move it away, or mix it into its own records.
+    """The store of another run (one of RUN_STORES) that ``workdir`` is or lies inside, or None.
 
     >>> root = tempfile.mkdtemp()
     >>> os.makedirs(os.path.join(root, "checkpoints"))
@@ -174,10 +152,7 @@ def enclosing_store(workdir: str) -> str | None:
     True
     """
     path = os.path.abspath(workdir)
-    while True:
-        parent = os.path.dirname(path)
-        if parent == path:
-            return None
+    while (parent := os.path.dirname(path)) != path:
         name = os.path.basename(path)
         record = os.path.join(parent, "checkpoints", RECORD)
         if name in CHECKPOINT_STORES and os.path.isfile(record):
@@ -185,25 +160,20 @@ def enclosing_store(workdir: str) -> str | None:
         if name in OTHER_PARTS_OF_A_RUN and holds_a_run(parent):
             return path
         path = parent
+    return None
 
 
 def check_outside_stores(directory: str, key: str = "hydra.run.dir") -> None:
-    """Raise RunDirectoryError if ``directory`` (set by ``key``) is or lies inside another
-    run's checkpoint store, ``tensorboard/`` or ``.hydra/`` (:func:`enclosing_store`)."""
+    """RunDirectoryError if ``directory`` (set by ``key``) lies inside another run's store."""
     store = enclosing_store(directory)
     if store is not None:
-        name = os.path.basename(store)
-        why = OTHER_PARTS_OF_A_RUN.get(
-            name, "that run would take this one for a damaged checkpoint and move it away"
-        )
-        parts = "/, ".join(RUN_STORES)
+        damaged = "that run would take this one for a damaged checkpoint and move it away"
+        why = OTHER_PARTS_OF_A_RUN.get(os.path.basename(store), damaged)
         raise RunDirectoryError(
             f"{key}={directory} lies inside {store}, part of the run in "
             f"{os.path.dirname(store)}: {why}. Nothing was written. Choose a {key} outside "
-            f"its {parts}/"
+            f"its {'/, '.join(RUN_STORES)}/"
         )
-    # A run in a sweep's directory was tabulated by collect_sweep as one of its jobs; a sweep
-    # in a run's directory put its jobs inside the run.
     if key == "hydra.run.dir" and os.path.isfile(os.path.join(directory, "multirun.yaml")):
         raise RunDirectoryError(
             f"{key}={directory} is a sweep's directory (multirun.yaml): a run there would be "
@@ -218,10 +188,7 @@ def check_outside_stores(directory: str, key: str = "hydra.run.dir") -> None:
 
 
 def check_layout(workdir: str) -> None:
-    """RunDirectoryError if a file the run writes in ``workdir`` (``eval.json``,
-    ``metrics.jsonl``, ...) is a directory there, or a directory it writes (``checkpoints/``,
-    ``best/``, ``tensorboard/``, ``.hydra/``) is a file: the run failed with a traceback where
-    it first wrote there (for ``eval.json``, after the whole evaluation)."""
+    """RunDirectoryError if a record the run writes is a directory, or a store is a file."""
     files = [name for name in RUN_RECORDS if "*" not in name]
     wrong_kinds = [(n, os.path.isdir, "a directory", f"its {n} file") for n in files]
     wrong_kinds += [(n, os.path.isfile, "a file", f"its {n}/ directory") for n in RUN_STORES]

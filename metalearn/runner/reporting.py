@@ -15,20 +15,14 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from metalearn.errors import one_line
+from metalearn.runner.rundir import write_atomically
 
 log = logging.getLogger("metalearn")
 
 
 class MetricsWriter:
     """Appends one JSON object per logged step to ``metrics.jsonl`` and mirrors scalars to TB.
-
-    On resume, lines from steps after the restored checkpoint are dropped, and a record for a
-    (step, split) already in the file replaces it (a final validation redone), so the file
-    describes one consistent run; unreadable lines are moved to ``metrics.jsonl.unreadable``.
-    ``tensorboard/`` holds the same scalars, whatever stopped the run before: each record is
-    flushed as it is written, and when the run starts or a record is replaced the events are
-    written again from ``metrics.jsonl`` into a new file, the earlier ones removed.
-    """
+    On resume, later lines are dropped and a redone (step, split) replaces its record."""
 
     def __init__(self, workdir: str, resume_step: int = 0, enabled: bool = True):
         self.enabled = enabled
@@ -47,40 +41,37 @@ class MetricsWriter:
         self._rewrite(kept)
 
     def _set_aside_unreadable(self, lines: list[str]) -> None:
-        """Append unreadable lines to ``metrics.jsonl.unreadable`` and say so; a half-written
-        last line (no newline: a kill while writing it) is dropped without a word."""
-        last_half_written = bool(lines) and not lines[-1].endswith("\n")
-        unreadable = [
-            (number, line)
-            for number, line in enumerate(lines, 1)
-            if _line_key(line)[1] is None and not (last_half_written and number == len(lines))
-        ]
+        """Move unreadable lines, but a half-written last one, to ``metrics.jsonl.unreadable``."""
+        if lines and not lines[-1].endswith("\n"):  # a kill while writing it: dropped silently
+            lines = lines[:-1]
+        unreadable = [(n, line) for n, line in enumerate(lines, 1) if _line_key(line)[1] is None]
         if not unreadable:
             return
         aside = self.path + ".unreadable"
         with open(aside, "a") as f:
-            f.writelines(line if line.endswith("\n") else line + "\n" for _, line in unreadable)
+            f.writelines(line for _, line in unreadable)
         numbers = ", ".join(str(number) for number, _ in unreadable[:10])
+        numbers += ", ..." if len(unreadable) > 10 else ""
         log.warning(
-            "%s: %d unreadable line(s) (line %s) moved to %s; the rest is kept",
-            self.path,
-            len(unreadable),
-            numbers + (", ..." if len(unreadable) > 10 else ""),
-            aside,
+            f"{self.path}: {len(unreadable)} unreadable line(s) (line {numbers}) moved to "
+            f"{aside}; the rest is kept"
         )
 
     def _rewrite(self, lines: list[str]) -> None:
-        """Write ``lines`` as ``metrics.jsonl`` and, into a new event file, as TensorBoard
-        scalars; then remove the earlier event files."""
+        """Write ``lines`` as ``metrics.jsonl`` and into a new event file, replacing the others
+        (not by ``SummaryWriter``, which writes from a thread its ``flush`` does not wait for)."""
+        # Imported here: tensorboardX imports torch when installed (about 1 s).
+        from tensorboardX.event_file_writer import EventsWriter
+
         if self._file is not None:
-            self._file.close()
-            self._tb.close()
-        with open(self.path + ".tmp", "w") as f:
-            f.writelines(lines)
-        os.replace(self.path + ".tmp", self.path)
+            self.close()
+        write_atomically(self.path, "".join(lines))
         self._file = open(self.path, "a")  # noqa: SIM115  (closed in close())
         earlier = glob.glob(os.path.join(glob.escape(self._tb_dir), "events.out.tfevents.*"))
-        self._tb = _EventFile(self._tb_dir)
+        os.makedirs(self._tb_dir, exist_ok=True)
+        # A name of its own: tensorboardX names files by the second (two would be one).
+        suffix = f".{uuid.uuid4().hex[:12]}"
+        self._tb = EventsWriter(os.path.join(self._tb_dir, "events"), suffix)
         for line in lines:
             self._add_scalars(json.loads(line))
         self._tb.flush()
@@ -102,14 +93,17 @@ class MetricsWriter:
         self._tb.flush()
 
     def _add_scalars(self, record: dict) -> None:
-        step = record["step"]
-        for name, value in record.items():
-            if isinstance(value, (int, float)) and name != "step":
-                self._tb.add_scalar(name, value, step)
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.summary import scalar
+
+        scalars = [(k, v) for k, v in record.items() if isinstance(v, (int, float)) and k != "step"]
         for entry in record.get("eval", []):
             tag = f"{record['split']}/{entry['metric']}/shots{entry['shots']}_steps{entry['steps']}"
             mean = entry["mean"]  # None when every task is non-finite: NaN in TensorBoard
-            self._tb.add_scalar(tag, float("nan") if mean is None else mean, step)
+            scalars.append((tag, float("nan") if mean is None else mean))
+        for tag, value in scalars:
+            event = Event(wall_time=time.time(), step=record["step"], summary=scalar(tag, value))
+            self._tb.write_event(event)
 
     def close(self) -> None:
         if self.enabled:
@@ -117,37 +111,8 @@ class MetricsWriter:
             self._tb.close()
 
 
-class _EventFile:
-    """A TensorBoard event file written as it is called: tensorboardX's ``SummaryWriter``
-    writes from a thread that its ``flush`` does not wait for, so SIGKILL lost what it held."""
-
-    def __init__(self, directory: str):
-        # Imported here: tensorboardX imports torch when installed (about 1 s), which commands
-        # that never write metrics should not pay.
-        from tensorboardX.event_file_writer import EventsWriter
-        from tensorboardX.proto.event_pb2 import Event
-        from tensorboardX.summary import scalar
-
-        os.makedirs(directory, exist_ok=True)
-        # A name of its own: tensorboardX names files by the second (two would be one).
-        suffix = f".{uuid.uuid4().hex[:12]}"
-        self._writer = EventsWriter(os.path.join(directory, "events"), suffix)
-        self._event, self._scalar = Event, scalar
-
-    def add_scalar(self, tag: str, value: float, step: int) -> None:
-        summary = self._scalar(tag, value)
-        self._writer.write_event(self._event(wall_time=time.time(), step=step, summary=summary))
-
-    def flush(self) -> None:
-        self._writer.flush()
-
-    def close(self) -> None:
-        self._writer.close()
-
-
 def _line_key(line: str) -> tuple[int, str | None]:
-    """``(step, split)`` of a metrics.jsonl line; ``(maxsize, None)`` for an unreadable one,
-    which sorts after every step (it is not kept in the file on resume)."""
+    """``(step, split)`` of a metrics.jsonl line; ``(maxsize, None)`` for an unreadable one."""
     try:
         record = json.loads(line)
         return int(record["step"]), str(record.get("split"))
@@ -167,22 +132,16 @@ def timed_rate(steps: int, seconds: float) -> float | None:
 
 
 class Progress:
-    """A progress bar with steps/s and loss on a terminal; plain log lines otherwise.
-
-    While the bar is shown, console log records are written above it (``tqdm.write``), and the
-    per-step lines go to the log files (``train.log``) only.
-    """
+    """A progress bar with steps/s and loss on a terminal; plain log lines otherwise."""
 
     def __init__(self, total: int, initial: int, mode: str):
-        use_bar = mode == "bar" or (mode == "auto" and sys.stderr.isatty())
         self.total = total
         self._last_step, self._last_time = initial, time.perf_counter()
         self._last_untimed, self._last_untimed_steps = 0.0, 0
         self._bar = None
-        self._console: list[logging.Handler] = []
         # Drops records marked ``file_only`` (per-step lines while the bar shows them).
         self._file_only = lambda record: not getattr(record, "file_only", False)
-        if use_bar:
+        if mode == "bar" or (mode == "auto" and sys.stderr.isatty()):
             self._redirect = logging_redirect_tqdm(loggers=[logging.root])
             self._redirect.__enter__()
             self._console = [
@@ -204,11 +163,8 @@ class Progress:
         untimed_seconds: float = 0.0,
         untimed_steps: int = 0,
     ) -> float | None:
-        """Report metrics at ``step``; returns training steps/s since the previous report, or
-        None when every step since then ran while compiling. ``untimed_seconds`` and
-        ``untimed_steps`` are running totals of the time outside training steps (compiling,
-        validating) and of the steps run inside it: what they grew by is left out.
-        """
+        """Report metrics at ``step``; returns steps/s since the previous report (None if none
+        was timed), leaving out what the ``untimed`` totals (compiling, validating) grew by."""
         now = time.perf_counter()
         rate = timed_rate(
             step - self._last_step - (untimed_steps - self._last_untimed_steps),
@@ -220,12 +176,9 @@ class Progress:
         if self._bar is not None:
             self._bar.set_postfix_str(summary, refresh=False)
             self.advance(step)
+        speed = "compiled" if rate is None else f"{rate:.1f} steps/s"
         log.info(
-            "step %d/%d | %s | %s",
-            step,
-            self.total,
-            summary,
-            "compiled" if rate is None else f"{rate:.1f} steps/s",
+            f"step {step}/{self.total} | {summary} | {speed}",
             extra={"file_only": self._bar is not None},
         )
         return rate
@@ -278,11 +231,8 @@ PROCESS_KEYS = (
 
 
 def earlier_processes(workdir: str) -> list[dict]:
-    """The times of the processes that finished this run before (from the ``summary.json``
-    about to be replaced): a rerun of a finished run, or one resumed with a longer
-    ``trainer.meta_steps``, keeps them instead of overwriting them. Empty when there is no
-    readable summary; an unreadable one is kept as ``summary.json.unreadable``, with a warning
-    (otherwise the times of the processes it listed would be lost)."""
+    """The times of the processes that ran this run before, from the ``summary.json`` about to
+    be replaced; an unreadable one is kept as ``summary.json.unreadable``."""
     path = os.path.join(workdir, "summary.json")
     try:
         with open(path, "rb") as f:
@@ -296,11 +246,8 @@ def earlier_processes(workdir: str) -> list[dict]:
         with contextlib.suppress(OSError):
             os.replace(path, path + ".unreadable")
             log.warning(
-                "%s could not be read (%s): kept as %s.unreadable; the new summary lists none "
-                "of the earlier processes it held",
-                path,
-                problem,
-                path,
+                f"{path} could not be read ({problem}): kept as {path}.unreadable; the new "
+                "summary lists none of the earlier processes it held"
             )
         return []
     earlier = previous.get("earlier_processes")

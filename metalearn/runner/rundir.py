@@ -1,16 +1,6 @@
-"""One run per directory: a rerun may resume it, never silently mix another config into it.
-
-A :class:`RunDirectory` is opened once per process, before anything is written in it: it takes
-the directory's lock, refuses a path inside another run, files or directories of the wrong kind
-where the run writes, and a config that differs from the one the directory's run was trained
-with (unless each differing key is listed in ``trainer.allow_changes``, e.g.
-``[trainer.meta_steps]`` to train longer). The run's record (``config.yaml``, the ``.hydra/``
-files the command line gave, and ``checkpoints/config.json``: the flattened config, its sha256
-fingerprint and the history of allowed changes) describes the checkpoints: a new directory gets
-it once the run's parts are built; a rerun's replaces it only as its first checkpoint is saved
-(or, with nothing left to train, as it ends), so a rerun refused or interrupted before then
-leaves the directory as it was.
-"""
+"""One run per directory: a rerun may resume it, never silently mix another config into it. A
+rerun's record replaces the directory's only with its first checkpoint, so a rerun refused or
+interrupted before then leaves the directory as it was."""
 
 from __future__ import annotations
 
@@ -28,7 +18,9 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from metalearn.config import Config
+from omegaconf import OmegaConf
+
+from metalearn.config import Config, to_objects
 from metalearn.errors import one_line
 from metalearn.runner.layout import (
     RECORD,
@@ -58,16 +50,8 @@ IGNORED = (
 
 
 class RunDirectory:
-    """The directory of one run: ``open()`` it (once per process, before anything is written),
-    then :meth:`record` the run when the record is due (:attr:`new`: at once; otherwise as the
-    first checkpoint is saved, or the run ends).
-
-    ``files``: the run's record files other than ``checkpoints/config.json``, by path relative
-    to the directory (``config.yaml``, ``.hydra/overrides.yaml``, ...; the command line's
-    composed config and Hydra's record of it); default, ``config.yaml`` written from ``config``.
-    ``sweep_dir``: the directory of the sweep this run is a job of, for the resume hint.
-    ``primary``: whether this process writes (the first of a multi-host run).
-    """
+    """The directory of one run: ``open()`` it once per process, before anything is written,
+    then :meth:`record` the run when due (:attr:`new`: at once; else with the first checkpoint)."""
 
     def __init__(
         self,
@@ -78,15 +62,16 @@ class RunDirectory:
         primary: bool = True,
     ):
         self.path, self.config, self.sweep_dir, self.primary = path, config, sweep_dir, primary
-        self.files = dict(files) if files is not None else {"config.yaml": config_yaml(config)}
+        if files is None:
+            files = {"config.yaml": OmegaConf.to_yaml(OmegaConf.structured(config))}
+        self.files = dict(files)
         self.changes: dict[str, tuple[Any, Any]] = {}
         self.new = True  # nothing saved yet: the record is due at once
         self._recorded = False
 
     @contextlib.contextmanager
     def open(self) -> Iterator[RunDirectory]:
-        """Hold the directory (:func:`run_directory_held`, on the primary host) and check it
-        (:func:`check_rerun`): RunDirectoryError, one line, before anything is written."""
+        """Hold and check the directory: RunDirectoryError before anything is written."""
         check_writable(self.path)
         fresh = _outputs(self.path)[0] is None
         if fresh:  # no run to race on: a bad config is refused before the lock file is written
@@ -112,17 +97,21 @@ class RunDirectory:
             if relative.startswith(".hydra/"):  # a second copy, kept with the checkpoints
                 copy = os.path.join(self.path, "checkpoints", HYDRA_COPY, relative[7:])
                 write_atomically(copy, text)
-        write_record(self.config, self.path, self.changes)
+        path = os.path.join(self.path, "checkpoints", RECORD)
+        history = []
+        if os.path.exists(path):
+            with contextlib.suppress(OSError, ValueError):  # a damaged record: its history is lost
+                history = list(_read_record(path).get("changes", []))
+            if self.changes:
+                steps = saved_steps(self.path)
+                history.append({"from_step": max(steps) if steps else 0, "changed": self.changes})
+        flat = flat_config(self.config)
+        fingerprint = hashlib.sha256(json.dumps(flat, sort_keys=True).encode()).hexdigest()
+        record = {"fingerprint": fingerprint, "config": flat, "changes": history}
+        write_atomically(path, json.dumps(record, indent=1))
 
     def resume_hint(self) -> str:
         return resume_hint(self.path, self.sweep_dir)
-
-
-def config_yaml(config: Config) -> str:
-    """``config`` as the YAML of a ``config.yaml`` (what ``metalearn.evaluate`` reads back)."""
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_yaml(OmegaConf.structured(config))
 
 
 def write_atomically(path: str, text: str) -> None:
@@ -136,15 +125,8 @@ def write_atomically(path: str, text: str) -> None:
 
 @contextlib.contextmanager
 def run_directory_held(workdir: str) -> Iterator[None]:
-    """Hold ``workdir/.lock`` while this process trains there: a second process that starts in
-    the same directory meanwhile (another seed, or the same command twice) is refused with
-    RunDirectoryError, before it writes anything. The two had trained side by side,
-    deleting each other's checkpoints, and the last to finish wrote the directory's records.
-
-    The lock is the kernel's (``flock``): released when the process ends, however it ends
-    (``kill -9``, the OOM killer), so a stale lock never blocks a resume. Where the filesystem
-    has no locks, the run goes on unprotected, with a warning.
-    """
+    """Hold ``workdir/.lock`` while training there, refusing a second process meanwhile (a
+    ``flock``: released however the process ends, so a stale lock never blocks a resume)."""
     os.makedirs(workdir, exist_ok=True)
     fd = os.open(os.path.join(workdir, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -159,9 +141,8 @@ def run_directory_held(workdir: str) -> Iterator[None]:
     except OSError as err:  # no locks on this filesystem
         os.close(fd)
         log.warning(
-            "cannot lock %s (%s): nothing stops a second process training there meanwhile",
-            workdir,
-            err.strerror,
+            f"cannot lock {workdir} ({err.strerror}): nothing stops a second process training "
+            "there meanwhile"
         )
         yield
         return
@@ -194,32 +175,16 @@ def flat_config(cfg: Config) -> dict[str, Any]:
     return flat
 
 
-def fingerprint(flat: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(flat, sort_keys=True).encode()).hexdigest()
-
-
 def _matches(key: str, patterns) -> bool:
     return any(key == p or key.startswith(p + ".") for p in patterns)
 
 
-def _names(*flats: dict[str, Any]) -> list[str]:
-    """Every key of the flat configs ``flats`` and each section above it, and the IGNORED keys.
-
-    >>> {"trainer", "trainer.meta_steps"} <= set(_names({"trainer.meta_steps": 4}))
-    True
-    """
-    names = set(IGNORED)
-    for key in (k for flat in flats for k in flat):
-        parts = key.split(".")
-        names.update(".".join(parts[: i + 1]) for i in range(len(parts)))
-    return sorted(names)
-
-
 def check_allowed_changes(allowed: list[str], *flats: dict[str, Any]) -> None:
-    """RunDirectoryError unless each entry of ``trainer.allow_changes`` names a setting or
-    section of one of the flat configs ``flats`` (the new one, and the stored one of a rerun):
-    a misspelt entry allowed nothing, silently."""
-    names = _names(*flats)
+    """RunDirectoryError unless each ``allow_changes`` entry names a key or section of ``flats``."""
+    names = set(IGNORED)
+    for parts in (key.split(".") for flat in flats for key in flat):
+        names.update(".".join(parts[: i + 1]) for i in range(len(parts)))
+    names = sorted(names)
     for entry in allowed:
         if entry not in names:
             close = difflib.get_close_matches(str(entry), names, n=1)
@@ -232,8 +197,7 @@ def check_allowed_changes(allowed: list[str], *flats: dict[str, Any]) -> None:
 
 
 def _outputs(workdir: str) -> tuple[str | None, bool]:
-    """What ``workdir`` holds of a run's outputs, in words (None when nothing: a fresh start
-    cannot mix anything), and whether that is a checkpoint or an evaluation."""
+    """What ``workdir`` holds of a run's outputs, in words, and whether it is saved results."""
     steps = saved_steps(workdir)
     if steps:
         return f"checkpoints up to step {max(steps)}", True
@@ -249,7 +213,7 @@ def _outputs(workdir: str) -> tuple[str | None, bool]:
 
 
 def _read_record(path: str) -> dict[str, Any]:
-    """The ``checkpoints/config.json`` record at ``path``; ValueError if it is not one."""
+    """The config record at ``path``; ValueError if it is not one."""
     with open(path) as f:
         record = json.load(f)  # json.JSONDecodeError is a ValueError
     if not (isinstance(record, dict) and isinstance(record.get("config"), dict)):
@@ -258,26 +222,17 @@ def _read_record(path: str) -> dict[str, Any]:
 
 
 def _stored_config(workdir: str) -> dict[str, Any] | None:
-    """The flattened config of the run in ``workdir``: from its record, else from the copy of
-    Hydra's config older versions kept with the checkpoints, else from ``config.yaml``. None
-    when the directory holds none of them; RunDirectoryError when it holds some and none can be
-    read, since a run whose config is unknown must not be resumed by another config."""
-    from omegaconf import OmegaConf
-
-    from metalearn.config import to_objects
-
+    """The flattened config of the run in ``workdir`` (None when it has none); RunDirectoryError
+    when none can be read: a run whose config is unknown must not be resumed."""
     record = os.path.join(workdir, "checkpoints", RECORD)
-    copies = [
-        os.path.join(workdir, "checkpoints", HYDRA_COPY, "config.yaml"),
-        os.path.join(workdir, "config.yaml"),
-    ]
     problems = []
     if os.path.exists(record):
         try:
             return _read_record(record)["config"]
         except (OSError, ValueError) as err:
             problems.append(f"{record} ({one_line(err)})")
-    for path in copies:
+    for directory in (os.path.join(workdir, "checkpoints", HYDRA_COPY), workdir):
+        path = os.path.join(directory, "config.yaml")
         if not os.path.exists(path):
             continue
         try:
@@ -291,16 +246,6 @@ def _stored_config(workdir: str) -> dict[str, Any] | None:
         "was changed. Restore one of these files from a copy to resume it, or choose a new "
         "hydra.run.dir"
     )
-
-
-def _recorded_changes(workdir: str) -> dict[str, None]:
-    """The keys of the changes ``checkpoints/config.json`` records as allowed (none when it is
-    missing or unreadable)."""
-    try:
-        history = _read_record(os.path.join(workdir, "checkpoints", RECORD)).get("changes", [])
-        return {key: None for entry in history for key in entry["changed"]}
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return {}
 
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
@@ -338,48 +283,33 @@ def check_rerun(cfg: Config, workdir: str) -> dict[str, tuple[Any, Any]]:
             f"checkpoints/{RECORD}): a run here would mix with them. Nothing was changed. "
             "Choose a new hydra.run.dir, or move those files away"
         )
-    # Keys of changes already allowed count too: the run goes on with the same command line,
-    # whose allow_changes may name a removed key.
-    check_allowed_changes(cfg.trainer.allow_changes, new, stored, _recorded_changes(workdir))
+    # Keys allowed before count too: the same command line's allow_changes may name a removed key.
+    try:
+        history = _read_record(os.path.join(workdir, "checkpoints", RECORD)).get("changes", [])
+        allowed_before = {key: None for entry in history for key in entry["changed"]}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        allowed_before = {}  # an unreadable record
+    check_allowed_changes(cfg.trainer.allow_changes, new, stored, allowed_before)
     changed = differences(stored, new)
     refused = {k: v for k, v in changed.items() if not _matches(k, cfg.trainer.allow_changes)}
-    other_kind = [k for k in ("data.name", "model.name") if k in refused]
+    other_kind = [(k, refused[k]) for k in ("data.name", "model.name") if k in refused]
     if other_kind:  # other data or model: allowing every other key would not make it resume
-        shown = ", ".join(
-            f"{k} {_show(refused[k][0])} -> {_show(refused[k][1])}" for k in other_kind
-        )
         raise RunDirectoryError(
-            f"{workdir} holds a run of another experiment ({held}; {shown}). Nothing was "
-            "changed. Choose a new hydra.run.dir"
+            f"{workdir} holds a run of another experiment ({held}; {_shown(other_kind)}). "
+            "Nothing was changed. Choose a new hydra.run.dir"
         )
     if refused:
-        items = list(refused.items())[:5]
-        shown = ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in items)
         more = f" and {len(refused) - 5} more" if len(refused) > 5 else ""
-        keys = ",".join(refused)
         raise RunDirectoryError(
-            f"{workdir} holds a run ({held}) with a different config: {shown}{more}. Nothing "
-            f"was changed. Rerun with its settings to resume, choose a new hydra.run.dir, or "
-            f"accept the change with 'trainer.allow_changes=[{keys}]'"
+            f"{workdir} holds a run ({held}) with a different config: "
+            f"{_shown(list(refused.items())[:5])}{more}. Nothing was changed. Rerun with its "
+            "settings to resume, choose a new hydra.run.dir, or accept the change with "
+            f"'trainer.allow_changes=[{','.join(refused)}]'"
         )
     return changed
 
 
-def _show(value: Any) -> str:
-    return "(absent)" if value is None else json.dumps(value)
-
-
-def write_record(cfg: Config, workdir: str, changed: dict[str, tuple[Any, Any]]) -> None:
-    """Store ``cfg`` with the checkpoints (``checkpoints/config.json``), noting allowed
-    changes in its history."""
-    path = os.path.join(workdir, "checkpoints", RECORD)
-    history = []
-    if os.path.exists(path):
-        with contextlib.suppress(OSError, ValueError):  # a damaged record: its history is lost
-            history = list(_read_record(path).get("changes", []))
-        if changed:
-            steps = saved_steps(workdir)
-            history.append({"from_step": max(steps) if steps else 0, "changed": changed})
-    flat = flat_config(cfg)
-    record = {"fingerprint": fingerprint(flat), "config": flat, "changes": history}
-    write_atomically(path, json.dumps(record, indent=1))
+def _shown(changes: list[tuple[str, tuple[Any, Any]]]) -> str:
+    """``key old -> new, ...`` with JSON values (an absent one shown as such)."""
+    show = [(k, *("(absent)" if v is None else json.dumps(v) for v in ab)) for k, ab in changes]
+    return ", ".join(f"{k} {a} -> {b}" for k, a, b in show)

@@ -1,11 +1,5 @@
-"""A saved run, read back for an evaluation: its config with ``key=value`` overrides applied
-(:func:`load_run_config`), and its runner with the parameters asked for (:func:`load_run`).
-
-``metalearn.evaluate``, the plot tools and the RL probes read runs this way. Every problem (no
-config.yaml, an empty, half-written or corrupt one, an override that does not parse, an unknown
-key, a setting read in training only, a part of a run given for the run, a sweep's directory, a
-missing checkpoint) is a ValueError or FileNotFoundError of one line.
-"""
+"""A saved run, read back for an evaluation: its config with ``key=value`` overrides applied,
+and its runner with the parameters asked for. Every problem is an error of one line."""
 
 from __future__ import annotations
 
@@ -21,12 +15,7 @@ from hydra.errors import OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from metalearn.config import (
-    Config,
-    rename_old_keys,
-    to_objects,
-    training_only_reason,
-)
+from metalearn.config import Config, rename_old_keys, to_objects, training_only_reason
 from metalearn.config.compose import composition_error_message, name_key_group
 from metalearn.errors import one_line
 from metalearn.registry import GROUPS
@@ -37,18 +26,12 @@ from metalearn.runner.plan import resolve
 from metalearn.runner.run import Runner
 from metalearn.runner.rundir import RunDirectory
 
-# Keys every config.yaml written by metalearn.train holds; seed and name come last in the file,
-# so a file cut short misses them.
+# Keys every run's config.yaml holds; seed and name come last, so a file cut short misses them.
 REQUIRED_KEYS = ("algorithm", "model", "data", "seed", "name")
 
 
 def load_run_config(run_dir: str, overrides: list[str]) -> Config:
-    """The validated config of a run directory with ``key=value`` overrides applied.
-
-    Raises FileNotFoundError or ValueError with a one-line message: no config.yaml, an empty,
-    half-written or corrupt one, an override that does not parse, is not ``key=value`` or names
-    an unknown key.
-    """
+    """The validated config of a run directory with ``key=value`` overrides applied."""
     store = enclosing_store(run_dir)
     if store is not None:  # its .hydra/ holds a config.yaml: the evaluation wrote in there
         run = os.path.dirname(store)
@@ -91,7 +74,13 @@ def load_run_config(run_dir: str, overrides: list[str]) -> Config:
     except OmegaConfBaseException as err:  # a value of the wrong type, in a file or an override
         wrong = _wrong_value(err)
     else:
-        _refuse_training_settings(overrides, cfg)
+        for override in overrides:  # one an evaluation does not read would be recorded as used
+            reason = training_only_reason(cfg, override.partition("=")[0])
+            if reason:
+                raise ValueError(
+                    f"{override} cannot change an evaluation: {reason}; leave it out "
+                    "(nothing was evaluated)"
+                )
         return cfg
     try:
         to_objects(saved)
@@ -104,22 +93,8 @@ def load_run_config(run_dir: str, overrides: list[str]) -> Config:
     )
 
 
-def _refuse_training_settings(overrides: Sequence[str], cfg: Config) -> None:
-    """ValueError for the first override of a setting an evaluation does not read
-    (:func:`metalearn.config.training_only_reason`): it was recorded in the evaluation's
-    ``overrides`` as if it had changed the numbers."""
-    for override in overrides:
-        reason = training_only_reason(cfg, override.partition("=")[0])
-        if reason:
-            raise ValueError(
-                f"{override} cannot change an evaluation: {reason}; leave it out "
-                "(nothing was evaluated)"
-            )
-
-
 def sweep_jobs(directory: str) -> list[str]:
-    """The run directories directly under ``directory`` (a sweep's jobs: each has a
-    ``config.yaml``), in their numeric order.
+    """The run directories directly under ``directory`` (a sweep's jobs), in numeric order.
 
     >>> sweep_jobs("/nonexistent")
     []
@@ -133,20 +108,16 @@ def sweep_jobs(directory: str) -> list[str]:
     return [os.path.join(directory, n) for n in jobs]
 
 
-# The config's fixed sections (trainer, eval, ...) by their schema, and all its sections (those
-# and the config groups): a mapping of settings each.
+# The config's fixed sections (trainer, eval, ...) by their schema.
 FIXED_SECTIONS = {
     f.default_factory: f.name
     for f in dataclasses.fields(Config)
     if dataclasses.is_dataclass(f.default_factory)
 }
-SECTIONS = (*GROUPS, *FIXED_SECTIONS.values())
 
 
 def _shape_problem(saved: DictConfig) -> str | None:
-    """What makes a parsed config.yaml no run's config, in words: a section that is not a
-    mapping, a seed that is not an integer; None when it has the right shape. The values in
-    the sections are checked against their schemas by :func:`to_objects`.
+    """What makes a parsed config.yaml no run's config, in words; None if it has the right shape.
 
     >>> _shape_problem(OmegaConf.create({"trainer": 5, "seed": 0}))
     'trainer: 5 is not a section of settings'
@@ -154,7 +125,7 @@ def _shape_problem(saved: DictConfig) -> str | None:
     "seed: 'abc' is not an integer"
     """
     raw = OmegaConf.to_container(saved)
-    for key in SECTIONS:
+    for key in (*GROUPS, *FIXED_SECTIONS.values()):
         if key in raw and not isinstance(raw[key], dict):
             return f"{key}: {raw[key]!r} is not a section of settings"
     if isinstance(raw["seed"], bool) or not isinstance(raw["seed"], int):
@@ -175,15 +146,10 @@ def _wrong_value(err: OmegaConfBaseException) -> str:
 
 
 def _override_config(overrides: Sequence[str], saved: DictConfig) -> DictConfig:
-    """The ``key=value`` overrides as a config to merge into ``saved``, parsed as
-    ``metalearn.train`` parses them (Hydra's override grammar, its one-line messages).
-
-    ``+key=value`` (or ``++``) sets the key as ``key=value`` does; a deletion (``~key``), a sweep
-    (``a,b``) or a package (``key@pkg``) is refused, as is a config group (the run's own is kept).
-    """
+    """The ``key=value`` overrides, parsed as ``metalearn.train`` parses them, as a config to
+    merge into ``saved``; a deletion, sweep, package or config group is refused."""
     for override in overrides:
-        key, sep, _ = override.partition("=")
-        if not sep or not key:
+        if "=" not in override or override.startswith("="):
             raise ValueError(f"override {override!r} is not key=value (e.g. eval.num_tasks=1000)")
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
@@ -220,13 +186,8 @@ def load_run(
     overrides: Sequence[str] = (),
     check: Callable[[str, Config], None] | None = None,
 ) -> tuple[Runner, object]:
-    """A run directory's runner and saved parameters (``best``, ``latest`` or ``init``,
-    :meth:`Runner.load`), loaded as ``metalearn.evaluate`` loads them: the validated config with
-    ``overrides`` applied (then ``check(run_dir, cfg)``, which may raise), the machine prepared
-    for it (XLA:CPU's serial LAPACK scheduling where the run needs it, its compilation cache;
-    before any computation), its parts built and checked. Says on stderr what it loads. Raises
-    ValueError, FileNotFoundError or RuntimeError with a one-line message.
-    """
+    """A run directory's runner and saved parameters (``best``, ``latest`` or ``init``), with
+    ``overrides`` applied and then ``check(run_dir, cfg)``, which may raise."""
     cfg = load_run_config(run_dir, list(overrides))
     if check is not None:
         check(run_dir, cfg)

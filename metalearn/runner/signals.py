@@ -1,17 +1,7 @@
-"""SIGINT/SIGTERM anywhere in a run: stop cleanly, say what was saved, never a traceback.
-
-Inside :meth:`StopRequest.deferred` (the training loop) a signal sets a flag: the loop finishes
-its current call, saves a checkpoint and returns; while it compiles the step from the state
-last saved (:meth:`StopRequest.at_once`), the signal stops it at once. Anywhere else (start-up,
-the final validation and test evaluation) the signal raises :class:`Interrupted` at once; the
-caller reports the latest saved checkpoint. A second signal while the first is being handled
-ends the process at once with exit status ``128 + signal``.
-
-In a job of submitit's (Hydra's submitit launcher), its requeue signal (:func:`requeue_signal`:
-SLURM's warning before the job's time limit, and a pre-emption) is a stop too, remembered in
-``StopRequest.requeue``: the caller hands it back to submitit once the checkpoint is saved
-(:func:`hand_back_to_launcher`), and submitit requeues the job, which resumes from it.
-"""
+"""SIGINT/SIGTERM anywhere in a run: stop cleanly, say what was saved, never a traceback. In
+the training loop a signal sets a flag (the loop saves a checkpoint and returns), elsewhere it
+raises :class:`Interrupted`; a second one ends the process at once. A submitit job's requeue
+signal is a stop too, handed back to submitit once the checkpoint is saved."""
 
 from __future__ import annotations
 
@@ -27,13 +17,10 @@ from collections.abc import Iterator
 import numpy as np
 
 log = logging.getLogger("metalearn")
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def requeue_signal() -> int | None:
-    """The signal on which submitit requeues this process's job (``SUBMITIT_PREEMPT_SIGNAL``,
-    default ``USR2``; SLURM sends it before the time limit and on a pre-emption), or None
-    outside a submitit job (which has ``SUBMITIT_FOLDER`` set).
+    """The signal on which submitit requeues this process's job, or None outside a submitit job.
 
     >>> requeue_signal() is None  # not a submitit job
     True
@@ -45,23 +32,19 @@ def requeue_signal() -> int | None:
 
 def hand_back_to_launcher(signum: int) -> str | None:
     """Call the launcher's handler for ``signum`` (submitit's requeues the job and raises
-    SystemExit) once what the signal stopped is saved. Returns why the job was not requeued,
-    or None when the handler returned without requeuing (a task other than the job's first)."""
+    SystemExit); returns why the job was not requeued, or None."""
     handler = signal.getsignal(signum)
     if not callable(handler):
         return f"no handler for {signal.Signals(signum).name} to requeue the job"
     try:
         handler(signum, None)
-    except SystemExit:
-        raise
     except Exception as err:  # submitit's UncompletedJobError: timed out too many times
         return str(err) or type(err).__name__
     return None
 
 
 class Interrupted(BaseException):
-    """A SIGINT or SIGTERM arrived outside the training loop; a BaseException, like
-    KeyboardInterrupt, so that no ``except Exception`` on the way (logging's among them) catches it.
+    """A SIGINT or SIGTERM arrived outside the training loop (no ``except Exception`` catches it).
 
     >>> Interrupted(15).exit_code, Interrupted(2).name
     (143, 'SIGINT')
@@ -74,10 +57,8 @@ class Interrupted(BaseException):
 
 
 def exit_at_once(code: int) -> None:
-    """End the process with ``code`` now, after flushing what it printed and logged, without
-    Python's exit handlers: a normal exit waits for an XLA compilation that a signal interrupted
-    (minutes for a long program). Call it once everything worth keeping is written; it ends the
-    interpreter, in a notebook too."""
+    """End the process with ``code`` now, after flushing its output, without Python's exit
+    handlers: a normal exit waits for an XLA compilation that a signal interrupted."""
     for stream in [*logging.getLogger().handlers, *log.handlers, sys.stdout, sys.stderr]:
         with contextlib.suppress(Exception):
             stream.flush()
@@ -88,30 +69,23 @@ def exit_at_once(code: int) -> None:
     os._exit(code)
 
 
-# Every Interrupted raised by a signal, kept (with the frames it interrupted) until the process
-# ends, soon after (exit_at_once): a signal cancels JAX's wait for a compilation, but XLA's
-# worker thread goes on inside the MLIR context those frames hold (freeing it: a segfault).
+# Every Interrupted raised by a signal, kept with its frames until the process ends: XLA's
+# compilation goes on inside the MLIR context those frames hold (freeing it: a segfault).
 INTERRUPTED_FRAMES_KEPT: list[Interrupted] = []
 
-# How long a signal that landed in a garbage-collection callback waits to be delivered again.
-REDELIVERY_SECONDS = 0.05
+REQUEUE_NOTE = " (the cluster's job time limit is near, or the job is pre-empted; it is requeued)"
+REDELIVERY_SECONDS = 0.05  # how long a signal that landed in a gc callback waits to come again
+_collecting = False  # whether the garbage collector is running
 
 
-class _Collection:
-    """Whether the garbage collector is running (a ``gc.callbacks`` entry)."""
-
-    running = False
-
-    @classmethod
-    def track(cls, phase: str, info: dict) -> None:
-        cls.running = phase == "start"
+def _track_collection(phase: str, info: dict) -> None:
+    global _collecting
+    _collecting = phase == "start"
 
 
 def _swallowing_exceptions(frame) -> bool:
-    """Whether ``frame`` runs inside code whose exceptions Python prints and drops: anything
-    the garbage collector runs (its callbacks, JAX's among them; weakref callbacks;
-    finalizers) or a ``__del__`` method."""
-    if _Collection.running:
+    """Whether ``frame`` runs where Python prints and drops exceptions (gc, ``__del__``)."""
+    if _collecting:
         return True
     callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
     while frame is not None:
@@ -122,8 +96,7 @@ def _swallowing_exceptions(frame) -> bool:
 
 
 class StopRequest:
-    """Context manager: SIGINT/SIGTERM become a flag (in ``deferred()``) or :class:`Interrupted`
-    (``phase`` names what the run is doing). Outside the main thread it does nothing."""
+    """Context manager (main thread only): SIGINT/SIGTERM become a flag or :class:`Interrupted`."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -134,56 +107,44 @@ class StopRequest:
         self._raised = False
         self._previous: dict[int, object] = {}
 
-    @property
-    def requested(self) -> bool:
-        return self.signum is not None
+    def deferred(self, when: bool = True) -> contextlib.AbstractContextManager[StopRequest]:
+        """Within this block (when ``when``) a signal only sets ``signum``. Blocks nest."""
+        return self._within(self._deferring or when, self.phase)
+
+    def at_once(self, phase: str, when: bool = True) -> contextlib.AbstractContextManager:
+        """Within ``deferred()``, a block (compiling the step) where a signal stops it at once."""
+        return self._within(False, phase) if when else self._within(self._deferring, self.phase)
 
     @contextlib.contextmanager
-    def deferred(self, when: bool = True) -> Iterator[StopRequest]:
-        """Within this block (when ``when``) a signal only sets ``requested``; the loop checks
-        it. Blocks nest: leaving one restores what the enclosing one set."""
-        deferring = self._deferring
-        self._deferring = self._deferring or when
+    def _within(self, deferring: bool, phase: str) -> Iterator[StopRequest]:
+        saved = self._deferring, self.phase
+        self._deferring, self.phase = deferring, phase
         try:
             yield self
         finally:
-            self._deferring = deferring
-
-    @contextlib.contextmanager
-    def at_once(self, phase: str, when: bool = True) -> Iterator[StopRequest]:
-        """Within ``deferred()``, a block (when ``when``) where a signal raises
-        :class:`Interrupted` at once: one where stopping loses nothing, such as compiling the
-        step from the state last saved (minutes that a deferred stop would wait for)."""
-        if not when:
-            yield self
-            return
-        deferring, previous_phase = self._deferring, self.phase
-        self._deferring, self.phase = False, phase
-        try:
-            yield self
-        finally:
-            self._deferring, self.phase = deferring, previous_phase
+            self._deferring, self.phase = saved
 
     def _handle(self, signum, frame) -> None:
-        if signum == self._requeue_signal:
-            self.requeue = True
-        if self._stopping_already(signum):
+        name, requeue = signal.Signals(signum).name, signum == self._requeue_signal
+        note = REQUEUE_NOTE if requeue else ""
+        self.requeue = self.requeue or requeue
+        # SLURM sends the requeue signal and SIGTERM (twice) at a pre-emption: they join a stop.
+        joins = requeue or (self.requeue and signum == signal.SIGTERM)
+        if joins and (self.signum is not None or self._raised):
+            if requeue and self.signum is not None:
+                log.warning(f"received {name} as well{note}")
             return
         if self._raised or (self.signum is not None and signum == signal.SIGINT):
-            # Already stopping and asked again: leave now, in one line.
-            print(f"{signal.Signals(signum).name} again: exiting at once", file=sys.stderr)
+            print(f"{name} again: exiting at once", file=sys.stderr)
             os._exit(128 + signum)
         if self._deferring and self.signum is None:
             self.signum = signum
             log.warning(
-                "received %s%s: stopping after the current step and saving a checkpoint",
-                signal.Signals(signum).name,
-                self._requeue_note(signum),
+                f"received {name}{note}: stopping after the current step and saving a checkpoint"
             )
             return
         if _swallowing_exceptions(frame):
-            # Raised here, Interrupted would be printed as "Exception ignored in ..." with a
-            # traceback and lost: deliver the signal again once the callback has returned.
+            # Raised here, Interrupted would be printed and lost: deliver the signal again later.
             threading.Timer(REDELIVERY_SECONDS, signal.raise_signal, (signum,)).start()
             return
         self.signum = signum
@@ -193,13 +154,11 @@ class StopRequest:
         raise interrupted
 
     def agreed(self) -> bool:
-        """Whether any process of the run has been asked to stop (``requested`` on one
-        process); every process calls it at the same point, between two training calls. Each
-        process gets its own signal, if any, and one stopping alone would leave the others in a
-        collective it never joins: they stop together, taking the first signalled one's signal."""
+        """Whether any process of the run has been asked to stop: every process calls it at the
+        same point, so that none stops alone, leaving the others in a collective."""
         jax = sys.modules.get("jax")  # not imported here: one process unless JAX was started
         if jax is None or jax.process_count() == 1:
-            return self.requested
+            return self.signum is not None
         from jax.experimental import multihost_utils
 
         mine = np.array([self.signum or 0, int(self.requeue)], np.int32)
@@ -208,44 +167,22 @@ class StopRequest:
         if len(signalled) and self.signum is None:
             self.signum = int(signalled[0, 0])
             log.warning(
-                "another process of the run received %s: stopping after the current step and "
-                "saving a checkpoint",
-                signal.Signals(self.signum).name,
+                f"another process of the run received {signal.Signals(self.signum).name}: "
+                "stopping after the current step and saving a checkpoint"
             )
         self.requeue = self.requeue or bool(every[:, 1].any())
         return len(signalled) > 0
 
-    def _requeue_note(self, signum: int) -> str:
-        if signum != self._requeue_signal:
-            return ""
-        return " (the cluster's job time limit is near, or the job is pre-empted; it is requeued)"
-
-    def _stopping_already(self, signum: int) -> bool:
-        """Whether ``signum`` only joins a stop under way: the requeue signal, or SIGTERM
-        after it, arrive together at a pre-emption (SLURM sends both; and SIGTERM again when it
-        requeues the job). SIGINT, or SIGTERM again without the requeue signal, still ends
-        the stop at once."""
-        if self.signum is None and not self._raised:
-            return False
-        cluster_pair = {signal.SIGTERM, self._requeue_signal}
-        if not (signum == self._requeue_signal or (self.requeue and signum in cluster_pair)):
-            return False
-        if signum == self._requeue_signal and self.signum is not None:
-            log.warning(
-                "received %s as well%s", signal.Signals(signum).name, self._requeue_note(signum)
-            )
-        return True
-
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
-            signals = SIGNALS + ((self._requeue_signal,) if self._requeue_signal else ())
-            for signum in signals:
+            requeue = (self._requeue_signal,) if self._requeue_signal else ()
+            for signum in (signal.SIGINT, signal.SIGTERM, *requeue):
                 self._previous[signum] = signal.signal(signum, self._handle)
-            gc.callbacks.append(_Collection.track)
+            gc.callbacks.append(_track_collection)
         return self
 
     def __exit__(self, *exc) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
-        if _Collection.track in gc.callbacks:
-            gc.callbacks.remove(_Collection.track)
+        if _track_collection in gc.callbacks:
+            gc.callbacks.remove(_track_collection)
