@@ -1,9 +1,4 @@
-"""Hydra callbacks of ``metalearn.train`` (conf/config.yaml lists them).
-
-:class:`RunDirectoryGuard` refuses, in one line and before Hydra creates it, a run or sweep
-directory that cannot be written or lies inside another run; :class:`SweepSummary` prints one
-line per failed job at the end of a sweep and exits 1 if any failed, so the shell sees it.
-"""
+"""Hydra callbacks of ``metalearn.train`` (conf/config.yaml lists them)."""
 
 from __future__ import annotations
 
@@ -41,7 +36,7 @@ class RunDirectoryGuard(Callback):
 
 
 class SweepSummary(Callback):
-    """After a sweep, list its failed jobs and exit 1 if there were any."""
+    """After a sweep, list its failed jobs and exit 1 if there were any, so the shell sees it."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._start = time.time() - 1.0  # file times have coarse resolution on some systems

@@ -1,13 +1,6 @@
-"""What the command-line entries share: their one-line errors and their command lines.
-
-Every bad input to ``metalearn.train``, ``metalearn.evaluate`` and the tools ends in one
-``error:`` line and exit status 2, saying what is wrong and what to do. Hydra reports a misspelt
-key, a value of the wrong type or an unknown group option in six to forty lines, and its advice
-for a misspelt key ("To append to your config use +data.horizn=...") adds the key to the
-config, where nothing reads it; argparse prints its usage block first. This module words them
-(:func:`composition_error_message`, :class:`OneLineParser`), refuses what Hydra would run
-wrongly before it starts (:func:`command_line_problem`, :func:`check_flags`), and checks an
-output file before the work whose result it would hold (:func:`check_output_file`).
+"""What the command-line entries share: every bad input ends in one ``error:`` line saying what
+is wrong and what to do, exit status 2, where Hydra and argparse print blocks of text (and Hydra
+advises ``+key=...`` for a misspelt key, adding one nothing reads).
 """
 
 from __future__ import annotations
@@ -21,6 +14,9 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
+
 from metalearn.config.compose import RENAMED, name_key_group, selectable
 from metalearn.data.sources import DataSourceError
 from metalearn.registry import GROUPS, user_code_error
@@ -30,33 +26,15 @@ from metalearn.runner.run import NonFiniteError
 from metalearn.runner.sweeps import ERROR_DETAILS
 
 
-def group_name_override(key: str, value: str) -> str | None:
-    """What is wrong with setting a config group's ``name`` key (``algorithm.name=reptile``):
-    the group's option sets it, with its settings; None for any other key.
-
-    >>> group_name_override("algorithm.name", "reptile")
-    'algorithm.name=reptile: choose the algorithm with algorithm=reptile (its option sets its name and settings)'
-    >>> group_name_override("name", "mine") is None
-    True
-    """  # noqa: E501
-    group = name_key_group(key)
-    if group:
-        return (
-            f"{key.lstrip('+~')}={value}: choose the {group} with {group}={value} (its option "
-            "sets its name and settings)"
-        )
-    return None
-
-
 def command_line_problem(argv: Sequence[str], experiments: Sequence[str]) -> str | None:
-    """The first override of ``argv`` that selects what is no option: a ``base_*`` experiment
-    (the parts experiments share; it ran as an experiment of its own, or failed to compose) or a
-    group's ``name`` key (:func:`group_name_override`); None when there is none. ``experiments``
-    are the selectable experiments, for the message.
+    """The first override of ``argv`` that selects what is no option (a ``base_*`` experiment,
+    a group's ``name`` key), or None; ``experiments``: the selectable ones.
 
     >>> command_line_problem(["+experiment=base_sinusoid"], ["sinusoid_maml"])
     'experiment=base_sinusoid holds what several experiments share and is not one to run; choose one of: sinusoid_maml'
-    >>> command_line_problem(["+experiment=sinusoid_maml", "seed=1"], ["sinusoid_maml"]) is None
+    >>> command_line_problem(["algorithm.name=reptile"], [])
+    'algorithm.name=reptile: choose the algorithm with algorithm=reptile (its option sets its name and settings)'
+    >>> command_line_problem(["+experiment=sinusoid_maml", "seed=1", "name=mine"], []) is None
     True
     """  # noqa: E501
     for arg in argv:
@@ -70,9 +48,12 @@ def command_line_problem(argv: Sequence[str], experiments: Sequence[str]) -> str
                         f"experiment={name.strip()} holds what several experiments share and is "
                         f"not one to run; choose one of: {', '.join(experiments)}"
                     )
-        problem = group_name_override(key, value)
-        if problem:
-            return problem
+        group = name_key_group(key)
+        if group:
+            return (
+                f"{key.lstrip('+~')}={value}: choose the {group} with {group}={value} (its option "
+                "sets its name and settings)"
+            )
     return None
 
 
@@ -82,18 +63,12 @@ def renamed_key_errors(overrides: list[str]) -> list[str]:
     >>> renamed_key_errors(["seed=1", "algorithm.num_steps=5"])
     ['algorithm.num_steps was renamed algorithm.inner_steps']
     """
-    errors = []
-    for override in overrides:
-        key = override.split("=", 1)[0].lstrip("+~")
-        if "=" in override and key in RENAMED:
-            errors.append(f"{key} was renamed {RENAMED[key]}")
-    return errors
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o]
+    return [f"{key} was renamed {RENAMED[key]}" for key in keys if key in RENAMED]
 
 
 def unset_part_errors(overrides: list[str], groups: list[str]) -> list[str]:
-    """One message per override that leaves the run without a part it needs: a config group
-    set to ``null`` (``algorithm=null``) or a top-level entry deleted (``~algorithm``,
-    ``~seed``); Hydra and OmegaConf failed on these with 40-70-line tracebacks.
+    """One message per override that sets a config group to ``null`` or deletes a top-level entry.
 
     >>> for line in unset_part_errors(["model=null", "~seed", "~eval.shots"], ["model"]):
     ...     print(line)
@@ -105,13 +80,13 @@ def unset_part_errors(overrides: list[str], groups: list[str]) -> list[str]:
         key, eq, value = override.partition("=")
         name = key.lstrip("+")
         if eq and name in groups and value.strip().lower() in ("null", "none", "~"):
-            if name in OPTIONAL_GROUPS:
+            if name in ("experiment", "debug"):  # appended with +NAME=..., absent by default
                 errors.append(f"{name}=null: to run without {name}, leave the override out")
-                continue
-            errors.append(
-                f"{name}=null: a run needs {'an' if name[0] in 'aeiou' else 'a'} {name}; "
-                f"choose one ({name}=NAME: --help lists them)"
-            )
+            else:
+                errors.append(
+                    f"{name}=null: a run needs {'an' if name[0] in 'aeiou' else 'a'} {name}; "
+                    f"choose one ({name}=NAME: --help lists them)"
+                )
         elif key.startswith("~") and "." not in key and key != "~":
             name = key[1:]
             errors.append(
@@ -120,19 +95,17 @@ def unset_part_errors(overrides: list[str], groups: list[str]) -> list[str]:
     return errors
 
 
-OPTIONAL_GROUPS = ("experiment", "debug")  # appended with +NAME=..., absent by default
-
-
-def exit_on_renamed_keys(argv: list[str], groups: Sequence[str] = ()) -> None:
-    """Print ``error: ...`` and exit 2 if an override in ``argv`` uses a renamed key, or
-    leaves out a part a run needs (:func:`unset_part_errors`; ``groups``: the config groups)."""
+def exit_on_renamed_keys(
+    argv: list[str], groups: Sequence[str] = (), experiments: Sequence[str] = ()
+) -> None:
+    """One ``error:`` line and exit 2 if an override in ``argv`` uses a renamed key, leaves out
+    a part a run needs (``groups``: the config groups) or is a :func:`command_line_problem`."""
     errors = renamed_key_errors(argv) + unset_part_errors(argv, list(groups))
-    if errors:
-        print(f"error: {'; '.join(errors)}", file=sys.stderr)
+    problem = command_line_problem(argv, experiments)
+    if errors or problem:
+        print(f"error: {'; '.join(errors) or problem}", file=sys.stderr)
         sys.exit(2)
 
-
-# --- the training command line, before Hydra reads it ---------------------------------------
 
 TRAIN_USAGE = (
     "python -m metalearn.train [-m] +experiment=NAME [key=value ...] (--hydra-help lists "
@@ -153,9 +126,7 @@ def bare_flags_first(argv: list[str]) -> list[str]:
 
 def debug_after_experiment(argv: list[str]) -> list[str]:
     """``argv`` with ``+debug=...`` after ``+experiment=...``: Hydra merges the appended groups
-    in command-line order, so a debug preset written first was overwritten by the experiment,
-    silently (``+debug=tiny +experiment=sinusoid_maml`` ran the full 70,000 steps in a
-    directory named ``...-debug=tiny``).
+    in command-line order, so a debug preset written first would be overwritten.
 
     >>> debug_after_experiment(["+debug=tiny", "+experiment=sinusoid_maml", "seed=1"])
     ['+experiment=sinusoid_maml', '+debug=tiny', 'seed=1']
@@ -169,37 +140,24 @@ def debug_after_experiment(argv: list[str]) -> list[str]:
 
 
 def check_flags(argv: list[str]) -> None:
-    """One ``error:`` line and exit 2 for a flag Hydra's command line does not take (Hydra's
-    argparse prints its usage block): the flags of ``--hydra-help``, parsed as Hydra does."""
+    """One ``error:`` line and exit 2 for a flag Hydra's command line does not take."""
     if any(a in ("-h", "--help", "--hydra-help", "--version") for a in argv):
         return  # Hydra prints these itself
     parser = OneLineParser(usage=TRAIN_USAGE, add_help=False)
     parser.add_argument("overrides", nargs="*")
     parser.add_argument("--cfg", "-c", choices=["job", "hydra", "all"])
-    for flags in (
-        ("--resolve",),
-        ("--run", "-r"),
-        ("--multirun", "-m"),
-        ("--shell-completion", "-sc"),
-    ):
-        parser.add_argument(*flags, action="store_true")
-    for flags in (
-        ("--package", "-p"),
-        ("--config-path", "-cp"),
-        ("--config-name", "-cn"),
-        ("--config-dir", "-cd"),
-        ("--experimental-rerun",),
-    ):
-        parser.add_argument(*flags)
+    for flags in ("--resolve", "--run -r", "--multirun -m", "--shell-completion -sc"):
+        parser.add_argument(*flags.split(), action="store_true")
+    for flags in ("--package -p", "--config-path -cp", "--config-name -cn", "--config-dir -cd"):
+        parser.add_argument(*flags.split())
+    parser.add_argument("--experimental-rerun")
     info = ["all", "config", "defaults", "defaults-tree", "plugins", "searchpath"]
     parser.add_argument("--info", "-i", nargs="?", const="all", choices=info)
     parser.parse_args(argv)
 
 
 def selectable_options_only(help_text: str) -> str:
-    """Hydra's ``--help`` with the group options a command line may select: without the
-    ``NAME_schema`` entries (the YAMLs' defaults, refused on the command line) and the
-    ``base_*`` experiments (the parts the experiments share).
+    """Hydra's ``--help`` listing only the group options a command line may select.
 
     >>> print(selectable_options_only("algorithm: anil, anil_schema\\nexperiment: base_rl, x"))
     algorithm: anil
@@ -244,17 +202,9 @@ def launcher_error(err: RuntimeError) -> tuple[str, int] | None:
     return None
 
 
-# --- a run's record of its command line ------------------------------------------------------
-
-
 def command_line_record(cfg: Any) -> dict[str, str]:
-    """The record of a run's command line that its run directory writes once it accepts the
-    run (:class:`~metalearn.runner.rundir.RunDirectory`): the resolved ``config.yaml`` and, in
-    ``.hydra/``, the files Hydra itself would write (``hydra.output_subdir`` is null). Called
-    with the job's config (``cfg``, without its hydra section) while Hydra holds the job's."""
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
-
+    """The resolved ``config.yaml`` and the ``.hydra/`` files Hydra would write, for the run
+    directory to write once it accepts the run; called while Hydra holds the job's config."""
     return {
         "config.yaml": OmegaConf.to_yaml(cfg, resolve=True),
         ".hydra/config.yaml": OmegaConf.to_yaml(cfg),
@@ -263,14 +213,11 @@ def command_line_record(cfg: Any) -> dict[str, str]:
     }
 
 
-# --- a run that failed, in one line ---------------------------------------------------------
-
-
 @dataclasses.dataclass
 class Failure:
-    """How a run failed, as its command reports it: one ``error:`` line, an exit status, the
-    status its sweep job records (``refused``: its directory is as it was) and the traceback
-    kept in ``error.txt`` (``details``); ``exit_now``: end at once, exit handlers skipped."""
+    """How a run failed: one ``error:`` line, an exit status, the status its sweep job records
+    (``refused``: its directory is as it was), the traceback for ``error.txt`` (``details``);
+    ``exit_now``: end at once, exit handlers skipped."""
 
     message: str
     code: int = 2
@@ -280,45 +227,33 @@ class Failure:
 
 
 def failure_of(err: BaseException, workdir: str, hint: str, selected: dict) -> Failure | None:
-    """The :class:`Failure` of a run that raised ``err``; None for an error of the library
-    itself (a single run lets its traceback through). ``hint``: what to rerun to resume;
-    ``selected``: the parts the run used (:func:`metalearn.registry.selected_parts`), so that
-    an error raised while one of the researcher's own was in use names it."""
+    """The :class:`Failure` of a run that raised ``err``; None for an error of the library itself.
+    ``hint``: what to rerun to resume; ``selected``: the parts the run used."""
     if isinstance(err, RunDirectoryError):
         return Failure(f"error: {err}", status="refused")
     if isinstance(err, (ValueError, FileNotFoundError, NonFiniteError, DataSourceError)):
-        # Raised by the researcher's own code (their file and line; not merely while a part of
-        # theirs was in use: the library's own ValueErrors say what is wrong themselves).
+        # Raised in the researcher's own code (not merely while their part was in use)?
         in_user_code = user_code_error(err) if isinstance(err, ValueError) else None
-        if in_user_code:
-            return _in_user_code(in_user_code, workdir, err)
-        return Failure(f"error: {err}")
-    out_of_memory = out_of_memory_message(err)
-    if out_of_memory:
-        return Failure(f"error: {out_of_memory}")
-    no_space = no_space_message(err, workdir, hint)
-    if no_space:  # TensorBoard's exit handler would flush into the full disk again: skip it
-        return Failure(f"error: {no_space}", exit_now=True)
-    in_user_code = user_code_error(err, selected)
-    return _in_user_code(in_user_code, workdir, err) if in_user_code else None
-
-
-def _in_user_code(in_user_code: str, workdir: str, err: BaseException) -> Failure:
-    """An error in a researcher's own algorithm, model, task family or environment: the line
-    of :func:`metalearn.registry.user_code_error`; the traceback goes to ``error.txt``."""
-    return Failure(
+        if not in_user_code:
+            return Failure(f"error: {err}")
+    else:
+        out_of_memory = out_of_memory_message(err)
+        if out_of_memory:
+            return Failure(f"error: {out_of_memory}")
+        no_space = no_space_message(err, workdir, hint)
+        if no_space:  # TensorBoard's exit handler would flush into the full disk again: skip it
+            return Failure(f"error: {no_space}", exit_now=True)
+        in_user_code = user_code_error(err, selected)
+        if not in_user_code:
+            return None
+    return Failure(  # the traceback goes to error.txt
         f"error: {in_user_code}; the traceback is in {workdir}/{ERROR_DETAILS}",
         details="".join(traceback.format_exception(err)),
     )
 
 
-# --- argparse, in one line -----------------------------------------------------------------
-
-
 class OneLineParser(argparse.ArgumentParser):
-    """argparse whose errors (a missing argument, an unknown flag) are one ``error:`` line
-    ending with the usage on one line, exit status 2; plain argparse prints its usage block
-    first.
+    """argparse whose errors are one ``error:`` line ending with the usage, exit status 2.
 
     >>> parser = OneLineParser(prog="python -m metalearn.tools.x")
     >>> _ = parser.add_argument("run_dir")
@@ -330,19 +265,12 @@ class OneLineParser(argparse.ArgumentParser):
         return " ".join(self.format_usage().split()).removeprefix("usage: ")
 
     def error(self, message: str) -> NoReturn:
-        usage_error(message, self.one_line_usage())
-
-
-def usage_error(message: str, usage: str) -> NoReturn:
-    """A command line its parser refused: one ``error:`` line with the usage, exit status 2
-    (:class:`OneLineParser`, and ``metalearn.train`` for the flags Hydra's parser refuses)."""
-    print(f"error: {message}; usage: {usage}", file=sys.stderr)
-    sys.exit(2)
+        print(f"error: {message}; usage: {self.one_line_usage()}", file=sys.stderr)
+        sys.exit(2)
 
 
 def exit_status(work: Callable[[], object]) -> int:
-    """Run a tool's ``work``: 0 when it finishes; one ``error:`` line and 2 when it raises
-    FileNotFoundError or ValueError (a path or a value the user gave).
+    """Run a tool's ``work``: 0, or one ``error:`` line and 2 for FileNotFoundError or ValueError.
 
     >>> exit_status(lambda: None)
     0
@@ -355,14 +283,9 @@ def exit_status(work: Callable[[], object]) -> int:
     return 0
 
 
-# --- output files, checked before the work ---------------------------------------------------
-
-
 def check_writable_file(path: str | os.PathLike, flag: str, example: str) -> None:
-    """Raise ValueError (one line) unless ``path`` can be written as a file.
-
-    Called before work whose result would be lost at the write; ``flag`` names the option
-    (``--out``), ``example`` is a file name for the advice when ``path`` is a directory.
+    """Raise ValueError (one line) unless ``path`` can be written as a file; ``flag`` names the
+    option, ``example`` is a file name for the advice when ``path`` is a directory.
 
     >>> check_writable_file("/nonexistent/x.json", "--out", "eval.json")
     Traceback (most recent call last):
@@ -387,10 +310,8 @@ def check_output_file(
     allowed: Sequence[str] = (),
     note: bool = True,
 ) -> None:
-    """Raise ValueError (one line) unless ``path`` can be written as a file that replaces no
-    record of a run (:func:`run_record`); with ``note``, say on stderr when it replaces another
-    existing file.
-    Called before the work, as :func:`check_writable_file` (which it calls)."""
+    """:func:`check_writable_file`, and refuse a ``path`` that would replace a record of a run;
+    with ``note``, say on stderr when it replaces another existing file."""
     check_writable_file(path, flag, example)
     record = run_record(path, allowed)
     if record is not None:

@@ -1,8 +1,4 @@
-"""How metalearn words an exception in one line, wherever it reports one.
-
->>> one_line(OSError("disk   full"))
-'OSError: disk full'
-"""
+"""How metalearn words an exception in one line, wherever it reports one."""
 
 from __future__ import annotations
 

@@ -1,18 +1,9 @@
 """Evaluate a saved checkpoint on its own: ``python -m metalearn.evaluate RUN_DIR``.
 
-Reads ``RUN_DIR/config.yaml``, restores the best-on-validation parameters (or the latest
-checkpoint with ``--which latest``, or when the run has no ``best/``: a warning says so; or the
-run's untrained initialisation with ``--which init``), evaluates on the test split and writes the
-records, in the ``eval.json`` format plus ``checkpoint`` (best, latest or init) and
-``checkpoint_step`` and ``overrides``, to ``RUN_DIR/eval_<best|latest|init>.json`` named after
-the parameters actually evaluated (or ``--out``, checked before the evaluation starts; a file
-there made with other overrides is replaced, and a line says so). Any setting of the saved config
-can be overridden as ``key=value`` (e.g. ``eval.num_tasks=1000``), written as for
-``metalearn.train``; an override that does not parse, an unknown key, a setting read in
-training only (``seed``, ``optimizer.*``, ``trainer.meta_steps``, ``algorithm.inner_steps``:
-the evaluation's are ``eval.seed`` and ``eval.steps``), an unreadable or corrupt config, a
-missing checkpoint, an unwritable ``--out`` or a bad flag ends in one ``error:`` line and exit
-status 2; Ctrl-C ends in one line, exit status 130.
+Evaluates the best-on-validation parameters (or ``--which latest|init``) on the test split and
+writes the ``eval.json`` records, with the checkpoint, its step and the overrides, to
+``RUN_DIR/eval_<which>.json`` (or ``--out``). ``key=value`` overrides the saved config's settings,
+except those read in training only.
 """
 
 from __future__ import annotations
@@ -32,17 +23,10 @@ from metalearn.runner.reporting import EvaluationProgress
 from metalearn.runner.saved_run import load_run
 from metalearn.runner.signals import exit_at_once
 
-# What this command writes in a run directory, and may replace (saying so): its own outputs.
-# Any other record of a run (config.yaml, the training's eval.json, metrics.jsonl, ...) given
-# as --out is refused; they were replaced silently.
-OWN_OUTPUTS = ("eval_*.json",)
-
 
 def replacement_note(out: str, overrides: Sequence[str]) -> str | None:
-    """A line saying that the evaluation file ``out`` will be replaced by one made with
-    ``overrides`` while it was made with others (or its records do not say with which); None
-    when there is no ``out`` or it was made with the same overrides.
-    """
+    """A line saying that the evaluation file ``out``, made with other overrides than
+    ``overrides`` (or not saying which), will be replaced; None when there is nothing to say."""
     if not os.path.exists(out):
         return None
     try:
@@ -84,25 +68,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     try:
         load_plugins()  # the run's own algorithm, model or task family, if it has one
         if args.out is not None:  # before the evaluation; never over the run's own records
-            # eval_*.json are this command's outputs, to replace in the run evaluated only:
-            # another run's eval_best.json would hold this run's numbers under its name.
+            # Its own eval_*.json only in the run evaluated, not another run's.
             here = os.path.realpath(os.path.dirname(os.path.abspath(args.out)))
-            own = here == os.path.realpath(args.run_dir)
-            check_output_file(
-                args.out,
-                "--out",
-                f"eval_{args.which}.json",
-                allowed=OWN_OUTPUTS if own else (),
-                note=False,
-            )
+            own = ("eval_*.json",) if here == os.path.realpath(args.run_dir) else ()
+            check_output_file(args.out, "--out", f"eval_{args.which}.json", own, note=False)
         runner, params = load_run(args.run_dir, args.which, args.overrides)
         out = args.out or os.path.join(args.run_dir, f"eval_{runner.loaded}.json")
         check_writable_file(out, "--out", "eval.json")
-    except (ValueError, FileNotFoundError, RuntimeError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-    except Exception as err:  # raised in a researcher's own registered code: one line
-        message = user_code_error(err)
+    except Exception as err:  # or raised in a researcher's own registered code: one line
+        known = isinstance(err, (ValueError, FileNotFoundError, RuntimeError))
+        message = str(err) if known else user_code_error(err)
         if message is None:
             raise
         print(f"error: {message}", file=sys.stderr)

@@ -1,9 +1,6 @@
-"""Hydra entry point: ``python -m metalearn.train +experiment=NAME [key=value ...]``.
-
-Everything lands in the Hydra run directory (``outputs/<name>/<time>/`` by default, or
-``multirun/...`` with ``-m``): the resolved ``config.yaml`` and ``.hydra/``, ``metrics.jsonl``,
-TensorBoard events, orbax checkpoints and ``eval.json``. Rerunning with
-``hydra.run.dir=<that directory>`` resumes from its latest checkpoint.
+"""Hydra entry point: ``python -m metalearn.train +experiment=NAME [key=value ...]``. Everything
+lands in the Hydra run directory; rerunning with ``hydra.run.dir=<it>`` resumes from its latest
+checkpoint.
 """
 
 from __future__ import annotations
@@ -33,7 +30,6 @@ from metalearn.runner.loop import train_and_evaluate
 from metalearn.runner.signals import exit_at_once, hand_back_to_launcher, requeue_signal
 from metalearn.runner.sweeps import record_job, write_error_details
 
-# The Hydra configs ship inside the package (metalearn/conf/), so a wheel install runs too.
 CONF_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
 log = logging.getLogger("metalearn")
 _task_started = False  # set once Hydra has composed the config and calls main()
@@ -46,9 +42,7 @@ except PluginError as _err:
     print(f"error: {_err}", file=sys.stderr)
     sys.exit(2)
 register_configs()
-# Orbax reports every save and restore at INFO through absl, JAX opens every run with an INFO
-# line about the TPU backend it did not find, and torch (imported by tensorboardX where it is
-# installed) logs its FakeTensor cache statistics at exit; keep the run log readable.
+# Orbax (through absl), JAX's backend probe and torch (via tensorboardX) log noise at INFO.
 for _name in ("absl", "jax._src.xla_bridge", "torch"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 
@@ -85,10 +79,8 @@ def main(cfg: DictConfig) -> float | None:
             record_job(workdir, "interrupted", code, f"stopped by signal {summary['signal']}")
         if summary.get("requeue"):
             _requeue(workdir, summary["step"], hint)
-        # What was saved is said; end now, in a sweep too (a signal stops its remaining jobs;
-        # a job of submitit's launcher ends without a result, as a killed one does). Python's
-        # normal exit waits for an XLA compilation the signal interrupted, which runs on
-        # (minutes for a long unrolled inner loop), and then may free what it still uses.
+        # End now, in a sweep too (a signal stops its remaining jobs): Python's normal exit
+        # waits for an XLA compilation the signal interrupted, which can run on for minutes.
         exit_at_once(code)
     if sweep_dir is not None:
         record_job(workdir, "ok")
@@ -96,9 +88,8 @@ def main(cfg: DictConfig) -> float | None:
 
 
 def _requeue(workdir: str, step: int, hint: str) -> None:
-    """Hand the requeue signal back to submitit, the checkpoint saved: it requeues the job
-    (which resumes from ``step``) and this process ends with submitit's exit status. Where it
-    cannot (timed out ``max_num_timeout`` times), say so; the caller ends the job."""
+    """Hand the requeue signal back to submitit, the checkpoint saved: it requeues the job and
+    this process ends with its exit status. Where it cannot, say so; the caller ends the job."""
     signum = requeue_signal()
     assert signum is not None  # only a submitit job's StopRequest reports a requeue
     record_job(
@@ -117,10 +108,8 @@ def _requeue(workdir: str, step: int, hint: str) -> None:
 
 
 def _failed(workdir: str, sweep_dir: str | None, failure: cli.Failure) -> None:
-    """Report a failed run: exit with its status, or in a sweep record it (a refused job
-    keeps its earlier record inside the new one, and no ``error.txt``) and let the sweep go
-    on; a failure that must end at once (a full disk) ends the sweep too, without exit
-    handlers."""
+    """Report a failed run: exit with its status, or in a sweep record it (a refused job without
+    ``error.txt``) and let the sweep go on, unless it must end at once (a full disk)."""
     print(failure.message, file=sys.stderr)
     if failure.exit_now:  # without exit handlers; nothing can be recorded either
         exit_at_once(failure.code)
@@ -131,7 +120,6 @@ def _failed(workdir: str, sweep_dir: str | None, failure: cli.Failure) -> None:
         sys.exit(failure.code)
     details = "" if failure.status == "refused" else failure.details or failure.message + "\n"
     record_job(workdir, failure.status, failure.code, failure.message, details)
-    return None
 
 
 def _stopped_early(signum, frame) -> None:
@@ -141,11 +129,8 @@ def _stopped_early(signum, frame) -> None:
 
 
 def _main_with_one_line_errors() -> None:
-    """Run :func:`main`; a command line Hydra cannot compose ends in one ``error:`` line, exit 2.
-
-    Hydra prints its own multi-line report unless ``HYDRA_FULL_ERROR`` is set, in which case it
-    raises; a user who set it gets Hydra's full traceback as before.
-    """
+    """Run :func:`main`; a command line Hydra cannot compose ends in one ``error:`` line, exit 2
+    (Hydra raises it under ``HYDRA_FULL_ERROR``; a user who set it gets the full traceback)."""
     if "HYDRA_FULL_ERROR" in os.environ:
         main()
         return
@@ -161,52 +146,38 @@ def _main_with_one_line_errors() -> None:
         found = None if _task_started else cli.launcher_error(err)
         if found is None:
             raise
-        message, code = found
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(code)
+        print(f"error: {found[0]}", file=sys.stderr)
+        sys.exit(found[1])
 
 
 def _options(group: str) -> list[str]:
-    """The options a command line may select in ``group`` (``+experiment=NAME``: the runnable
-    experiments), from the package's configs.
+    """The options a command line may select in ``group``, from the package's configs.
 
     >>> "sinusoid_maml" in _options("experiment") and "base_sinusoid" not in _options("experiment")
     True
     """
-    names = os.listdir(os.path.join(CONF_DIR, group))
-    return sorted(
-        n.removesuffix(".yaml")
-        for n in names
-        if n.endswith(".yaml") and selectable(group, n.removesuffix(".yaml"))
-    )
-
-
-def _print_help() -> None:
-    """Hydra's ``--help`` for this command line, listing only the options it may select."""
-    captured = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(captured):
-            _main_with_one_line_errors()
-    finally:  # Hydra exits (SystemExit) once it has printed the help
-        print(cli.selectable_options_only(captured.getvalue()), end="")
+    files = os.listdir(os.path.join(CONF_DIR, group))
+    names = [f.removesuffix(".yaml") for f in files if f.endswith(".yaml")]
+    return sorted(n for n in names if selectable(group, n))
 
 
 if __name__ == "__main__":
     sys.argv[1:] = cli.debug_after_experiment(cli.bare_flags_first(sys.argv[1:]))
     cli.check_flags(sys.argv[1:])
-    groups = sorted(
+    groups = [
         name
         for name in os.listdir(CONF_DIR)
         if os.path.isdir(os.path.join(CONF_DIR, name)) and name not in ("hydra", "__pycache__")
-    )
-    cli.exit_on_renamed_keys(sys.argv[1:], groups)
-    _problem = cli.command_line_problem(sys.argv[1:], _options("experiment"))
-    if _problem:
-        print(f"error: {_problem}", file=sys.stderr)
-        sys.exit(2)
+    ]
+    cli.exit_on_renamed_keys(sys.argv[1:], groups, _options("experiment"))
     for _signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(_signum, _stopped_early)
-    if any(a in ("-h", "--help") for a in sys.argv[1:]):
-        _print_help()
-    else:
+    if not any(a in ("-h", "--help") for a in sys.argv[1:]):
         _main_with_one_line_errors()
+    else:  # Hydra's help, listing only the options a command line may select
+        _captured = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(_captured):
+                _main_with_one_line_errors()
+        finally:  # Hydra exits (SystemExit) once it has printed the help
+            print(cli.selectable_options_only(_captured.getvalue()), end="")

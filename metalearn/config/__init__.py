@@ -1,6 +1,5 @@
-"""The config of a run: its schema (:mod:`metalearn.config.schema`, dataclasses that check
-their own values) and its composition by Hydra (:mod:`metalearn.config.compose`:
-:func:`register_configs`, :func:`to_objects`).
+"""The config of a run: its schema (dataclasses that check their own values) and its
+composition by Hydra.
 
 >>> from metalearn.config import Config, to_objects
 """

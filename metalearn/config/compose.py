@@ -1,13 +1,6 @@
-"""Composition: the configs Hydra composes from, and a composed config turned into the schema's
-dataclasses (:func:`to_objects`), nothing from OmegaConf left.
-
-The ``algorithm``, ``model`` and ``data`` groups are typed by the dataclasses their entries
-register in :mod:`metalearn.registry`, stored in Hydra's ConfigStore as ``<group>/<name>_schema``
-(internal: the YAMLs' defaults; refused on the command line). An entry the package ships no
-``conf/<group>/<name>.yaml`` for is also stored as ``<group>/<name>``, so ``algorithm=NAME``
-selects it with its defaults. So a wrong type or an unknown key fails at composition
-(``metalearn.train`` reports it in one line, :mod:`metalearn.cli`); a key appended with ``+`` is
-refused by :func:`to_objects`; the values are checked by the dataclasses as they are made.
+"""Composition: the configs Hydra composes from (each registered entry typed as
+``<group>/<name>_schema``, so a wrong type or an unknown key fails at composition), and a composed
+config turned into the schema's dataclasses (:func:`to_objects`).
 """
 
 from __future__ import annotations
@@ -23,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
@@ -32,75 +26,45 @@ import metalearn.algorithms  # noqa: F401  (registers algorithms)
 import metalearn.data  # noqa: F401  (registers task families)
 import metalearn.models  # noqa: F401  (registers models)
 import metalearn.rl  # noqa: F401  (registers the RL task family, policy model and algorithm)
-from metalearn.config.schema import (
-    GLOB_CHARACTERS,
-    Config,
-    DistributedConfig,
-    EvalConfig,
-    OptimizerConfig,
-    TrainerConfig,
-)
+from metalearn.config.schema import GLOB_CHARACTERS, Config
 from metalearn.registry import GROUPS, OTHER_PARTS, PLUGINS_VARIABLE
 
 SCHEMA_SUFFIX = "_schema"  # ConfigStore entries that hold a group's schema, not an option
 # Config groups whose choice on the command line becomes part of the run name.
 RUN_NAME_GROUPS = ("algorithm", "model", "data", "optimizer", "debug")
-# What each of glob's special characters becomes in a sweep job's directory name.
-GLOB_REPLACEMENTS = str.maketrans(GLOB_CHARACTERS, "()__")
 
 
 def register_configs() -> None:
-    """Store the top-level schema and one schema per registered algorithm/model/data entry.
-
-    An entry without a YAML in the package is stored under its plain name too (``group=NAME``).
-
-    Also registers the ``metalearn_run_name`` resolver used by ``run_name`` in conf/config.yaml.
-    """
-    if not OmegaConf.has_resolver("metalearn_run_name"):
-        OmegaConf.register_new_resolver("metalearn_run_name", _run_name_from_hydra)
-    if not OmegaConf.has_resolver("metalearn_glob_free"):
-        OmegaConf.register_new_resolver("metalearn_glob_free", glob_free)
+    """Store the top-level schema and one per registered entry (under its plain name too when
+    the package ships no YAML for it, so ``group=NAME`` selects it), and the resolvers."""
+    OmegaConf.register_new_resolver("metalearn_run_name", _run_name_from_hydra, replace=True)
+    OmegaConf.register_new_resolver("metalearn_glob_free", glob_free, replace=True)
     store = ConfigStore.instance()
     store.store(name="base_config", node=Config)
+    conf = importlib.resources.files("metalearn.conf")
     for group, registry in GROUPS.items():
         for name in registry.names():
             schema = registry.entry(name).config_cls
             store.store(group=group, name=f"{name}{SCHEMA_SUFFIX}", node=schema)
-            if not _has_yaml(group, name):  # selectable as group=NAME without a YAML
+            if not conf.joinpath(group, f"{name}.yaml").is_file():
                 node = OmegaConf.structured(schema)
                 OmegaConf.set_readonly(node, False)  # a frozen dataclass's is read-only
                 node.name = name
                 store.store(group=group, name=name, node=node)
 
 
-def _has_yaml(group: str, name: str) -> bool:
-    """Whether the package ships ``metalearn/conf/<group>/<name>.yaml``.
-
-    >>> _has_yaml("algorithm", "maml"), _has_yaml("algorithm", "no_such_algorithm")
-    (True, False)
-    """
-    return importlib.resources.files("metalearn.conf").joinpath(group, f"{name}.yaml").is_file()
-
-
 def glob_free(text: str) -> str:
-    """``text`` with glob's special characters replaced, for a sweep job's directory name.
-
-    Orbax finds the pieces of a checkpoint it saves with ``glob`` on the save path, so under a
-    directory named e.g. ``eval.steps=[0,1]`` it skips merging them and the checkpoint cannot
-    be restored. Used by ``hydra.sweep.subdir`` (conf/config.yaml).
+    """``text`` with glob's special characters replaced, for a sweep job's directory name: orbax
+    globs a checkpoint's save path, so under ``eval.steps=[0,1]`` it could not be restored.
 
     >>> glob_free("eval.steps=[0,1],seed=2")
     'eval.steps=(0,1),seed=2'
     """
-    return text.translate(GLOB_REPLACEMENTS)
+    return text.translate(str.maketrans(GLOB_CHARACTERS, "()__"))
 
 
 def run_name(name: str, overrides: Sequence[str]) -> str:
-    """``name`` followed by the config groups, and the other parts (``data.env``: an RL
-    environment, :data:`metalearn.registry.OTHER_PARTS`), the command line chose (what actually
-    runs), unless the name already says them.
-
-    Groups come in the order of :data:`RUN_NAME_GROUPS`; an explicit ``name=...`` is kept as given.
+    """``name`` followed by the config groups and parts the command line chose, unless it says them.
 
     >>> run_name("sinusoid_maml", ["+experiment=sinusoid_maml", "algorithm=reptile", "seed=3",
     ...                            "+debug=tiny"])
@@ -133,17 +97,12 @@ def _run_name_from_hydra(name: str) -> str:
 
 def group_options() -> dict[str, list[str]]:
     """The options of each config group, as Hydra sees them (schema entries included)."""
-    from hydra.core.global_hydra import GlobalHydra
-
     loader = GlobalHydra.instance().config_loader()
     return {g: loader.get_group_options(g) for g in GROUPS}
 
 
 def check_group_choices(choices: Mapping[str, Any], options: Mapping[str, Sequence[str]]) -> None:
-    """Refuse a config group choice that is an internal schema entry (e.g. ``maml_schema``).
-
-    ``choices`` maps groups to the chosen option (Hydra's ``runtime.choices``), ``options``
-    maps groups to the options that exist.
+    """Refuse a group choice (Hydra's ``runtime.choices``) that is an internal schema entry.
 
     >>> check_group_choices({"algorithm": "maml_schema"}, {"algorithm": ["maml", "maml_schema"]})
     Traceback (most recent call last):
@@ -161,33 +120,8 @@ def check_group_choices(choices: Mapping[str, Any], options: Mapping[str, Sequen
 
 
 def to_objects(cfg: DictConfig) -> Config:
-    """Turn a composed config into plain dataclasses: nothing from OmegaConf reaches jit.
-
-    A key no schema has (appended with ``+``, which Hydra allows) is refused, not ignored.
-    """
-    _refuse_unknown_keys(cfg)
-
-    def section(schema: type, key: str) -> Any:
-        # A section missing from the config (e.g. a run saved by an older version) takes the
-        # schema's defaults.
-        return OmegaConf.to_object(OmegaConf.merge(schema, cfg.get(key) or {}))
-
-    return Config(
-        algorithm=_group_object("algorithm", cfg.algorithm),
-        model=_group_object("model", cfg.model),
-        data=_group_object("data", cfg.data),
-        optimizer=section(OptimizerConfig, "optimizer"),
-        trainer=section(TrainerConfig, "trainer"),
-        eval=section(EvalConfig, "eval"),
-        distributed=section(DistributedConfig, "distributed"),
-        seed=int(cfg.seed),
-        name=str(cfg.name),
-        run_name=str(cfg.get("run_name") or cfg.name),
-    )
-
-
-def _refuse_unknown_keys(cfg: DictConfig) -> None:
-    """Raise ValueError naming the first key of ``cfg`` that its schema does not have."""
+    """A composed config as plain dataclasses (nothing from OmegaConf reaches jit); a key no
+    schema has (appended with ``+``) is refused."""
     groups = {}
     for group, registry in GROUPS.items():
         node = cfg.get(group)
@@ -196,20 +130,27 @@ def _refuse_unknown_keys(cfg: DictConfig) -> None:
     for full_key, schema in unknown_keys(cfg, Config, sections=groups):
         raise ValueError(unknown_key_message(full_key, schema))
 
-
-def _group_object(group: str, node: DictConfig) -> Any:
-    registry = GROUPS[group]
-    if "name" not in node:
-        raise ValueError(f"{group} config has no 'name'; pick one of {registry.names()}")
-    schema = registry.entry(node.name).config_cls
-    return with_tuples(OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), node)))
+    parts = {}
+    for group, registry in GROUPS.items():
+        node = getattr(cfg, group)
+        if "name" not in node:
+            raise ValueError(f"{group} config has no 'name'; pick one of {registry.names()}")
+        schema = OmegaConf.structured(registry.entry(node.name).config_cls)
+        parts[group] = with_tuples(OmegaConf.to_object(OmegaConf.merge(schema, node)))
+    for field in dataclasses.fields(Config):  # the sections; a missing one takes the defaults
+        if dataclasses.is_dataclass(field.default_factory):
+            section = OmegaConf.merge(field.default_factory, cfg.get(field.name) or {})
+            parts[field.name] = OmegaConf.to_object(section)
+    return Config(
+        **parts,
+        seed=int(cfg.seed),
+        name=str(cfg.name),
+        run_name=str(cfg.get("run_name") or cfg.name),
+    )
 
 
 def with_tuples(config: Any) -> Any:
-    """``config`` (a dataclass, changed in place) with the lists that OmegaConf made of its
-    fields typed ``tuple`` turned back into tuples, in nested dataclasses too: a researcher's
-    ``sizes: tuple[int, ...] = (40, 40)`` arrived as ``[40, 40]``, unequal to ``(40, 40)``
-    and unhashable.
+    """``config`` (changed in place) with the lists OmegaConf made of ``tuple`` fields tuples again.
 
     >>> @dataclasses.dataclass
     ... class Demo:
@@ -233,18 +174,16 @@ def with_tuples(config: Any) -> Any:
 
 def _is_tuple_type(hint: Any) -> bool:
     """Whether ``hint`` is ``tuple``, ``tuple[...]`` or a union with one (``tuple | None``)."""
-    if hint is tuple or typing.get_origin(hint) is tuple:
-        return True
-    return any(_is_tuple_type(arg) for arg in typing.get_args(hint)) if _is_union(hint) else False
-
-
-def _is_union(hint: Any) -> bool:
-    return typing.get_origin(hint) in (typing.Union, types.UnionType)
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_is_tuple_type(arg) for arg in typing.get_args(hint))
+    return hint is tuple or origin is tuple
 
 
 def unknown_key_message(full_key: str, schema: type) -> str:
     """Say that ``full_key`` is not a field of ``schema``, with the closest field and the list.
 
+    >>> from metalearn.config import DistributedConfig
     >>> print(unknown_key_message("distributed.enable", DistributedConfig))  # doctest: +ELLIPSIS
     distributed.enable is not a setting of distributed (DistributedConfig: enabled, ...); did
     you mean distributed.enabled?
@@ -260,12 +199,10 @@ def unknown_key_message(full_key: str, schema: type) -> str:
 def unknown_keys(
     node: DictConfig, schema: type, prefix: str = "", sections: Mapping[str, type] | None = None
 ) -> list[tuple[str, type]]:
-    """Each dotted key of ``node`` that its schema has no field for, with that schema.
+    """Each dotted key of ``node`` that its schema has no field for, with that schema; a nested
+    section is checked against its field's default dataclass, or ``sections[key]``.
 
-    Nested sections are checked against the dataclass their field defaults to, or against
-    ``sections[key]`` (for fields typed ``Any``, such as the ``algorithm`` group's).
-
-    >>> from omegaconf import OmegaConf
+    >>> from metalearn.config import EvalConfig
     >>> unknown_keys(OmegaConf.create({"seed": 0, "eval": {"num_task": 5}}), Config,
     ...              sections={"eval": EvalConfig})
     [('eval.num_task', <class 'metalearn.config.schema.EvalConfig'>)]
@@ -296,9 +233,7 @@ RENAMED = {
 
 
 def rename_old_keys(saved: DictConfig) -> list[str]:
-    """Move keys of a config saved before a rename to their new names, in place.
-
-    Returns ``"old -> new"`` for each key moved; a config that holds both spellings is refused.
+    """Move renamed keys of a saved config to their new names, in place; ``"old -> new"`` each.
 
     >>> saved = OmegaConf.create({"algorithm": {"num_steps": 5}, "trainer": {"num_steps": 3}})
     >>> rename_old_keys(saved), OmegaConf.to_container(saved)
@@ -319,20 +254,17 @@ def rename_old_keys(saved: DictConfig) -> list[str]:
 
 
 def selectable(group: str, option: str) -> bool:
-    """Whether ``group=option`` is a choice for a command line: not a ``NAME_schema`` entry (a
-    YAML's defaults, refused) nor a ``base_*`` experiment (the parts experiments share).
+    """Whether ``group=option`` is a choice: not a schema entry nor a ``base_*`` experiment.
 
     >>> [selectable("algorithm", "maml_schema"), selectable("experiment", "base_rl")]
     [False, False]
     """
-    if option.endswith(SCHEMA_SUFFIX):
-        return False
-    return not (group == "experiment" and option.startswith("base_"))
+    base = group == "experiment" and option.startswith("base_")
+    return not (base or option.endswith(SCHEMA_SUFFIX))
 
 
 def name_key_group(key: str) -> str | None:
-    """The config group whose ``name`` key ``key`` is (``algorithm.name``: ``algorithm``), or
-    None: an option of the group sets it.
+    """The config group whose ``name`` key ``key`` is (``algorithm.name``: ``algorithm``), or None.
 
     >>> name_key_group("+algorithm.name"), name_key_group("algorithm.inner_lr")
     ('algorithm', None)
@@ -357,52 +289,37 @@ def composition_error_message(err: BaseException) -> str:
         options = [o for o in err.options if selectable(group, o)]
         close = difflib.get_close_matches(name, options, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
-        message = (
-            f"{group or 'config'}={name} is not an option{hint}; use one of: {', '.join(options)}"
-        )
-        if group in GROUPS:  # the groups a researcher's module adds to
-            message += (
-                f" (one of your own: name the module that registers it in {PLUGINS_VARIABLE})"
-            )
-        return message
+        listed = ", ".join(options)
+        message = f"{group or 'config'}={name} is not an option{hint}; use one of: {listed}"
+        own = f" (one of your own: name the module that registers it in {PLUGINS_VARIABLE})"
+        return message + (own if group in GROUPS else "")  # the groups plugins add to
     if isinstance(err, OverrideParseException):
         message = f"cannot parse the override {err.override!r}: {_lines(err.message)}"
         key, _, value = err.override.partition("=")
         if "mismatched input '='" in err.message and not value.startswith(("'", '"')):
             message += f"; a value holding '=' needs quotes: {quoted_override(key, value)}"
         return message
-    key_error = err if isinstance(err, _KEY_ERRORS) else cause
-    if isinstance(key_error, _KEY_ERRORS) and _is_schema(key_error.object_type):
-        return unknown_key_message(str(key_error.full_key), key_error.object_type)
+    key_errors = (ConfigKeyError, ConfigAttributeError)  # OmegaConf raises either
+    key_error = err if isinstance(err, key_errors) else cause
+    schema = key_error.object_type if isinstance(key_error, key_errors) else None
+    if isinstance(schema, type) and dataclasses.is_dataclass(schema):
+        return unknown_key_message(str(key_error.full_key), schema)
     if isinstance(cause, ValidationError):  # "Error merging override optimizer.lr=fast"
         override = str(err).removeprefix("Error merging override ").strip()
         return f"{override}: {_lines(str(cause))}"
     return "; ".join(filter(None, [_lines(str(err)), _lines(str(cause)) if cause else ""]))
 
 
-_KEY_ERRORS = (ConfigKeyError, ConfigAttributeError)  # OmegaConf raises either for a missing key
-
-
-def _is_schema(object_type: Any) -> bool:
-    return isinstance(object_type, type) and dataclasses.is_dataclass(object_type)
-
-
 def _lines(text: str) -> str:
     """A multi-line message as one line, without OmegaConf's ``full_key:``/``object_type=``."""
-    kept = []
-    for line in text.splitlines():
-        line = " ".join(line.split())
-        if line and not line.startswith(("full_key:", "object_type=", "reference_type=")):
-            kept.append(line)
-    return "; ".join(kept)
+    lines = (" ".join(line.split()) for line in text.splitlines())
+    skip = ("full_key:", "object_type=", "reference_type=")
+    return "; ".join(line for line in lines if line and not line.startswith(skip))
 
 
 def quoted_override(key: str, value: str) -> str:
-    """``key=value`` as one shell word that Hydra's override grammar parses back to ``value``.
-
-    Hydra reads an unquoted ``=``, ``,`` or space in a value as syntax, and run directories are
-    named after the overrides (``outputs/sinusoid_maml-algorithm=fomaml/...``, sweep jobs
-    ``0_seed=0,trainer.meta_steps=20000``): such a value is quoted for Hydra, then for the shell.
+    """``key=value`` as one shell word that Hydra's override grammar parses back to ``value``:
+    run directories are named after overrides, and Hydra reads an unquoted ``=``, ``,`` or space.
 
     >>> quoted_override("hydra.run.dir", "/runs/sinusoid_maml/2026-11-25_10-00-00")
     'hydra.run.dir=/runs/sinusoid_maml/2026-11-25_10-00-00'

@@ -1,9 +1,6 @@
 """The config's schema: the dataclasses Hydra validates every composed config against, each
-checking its own values when it is made (``__post_init__``, which ``OmegaConf.to_object`` runs).
-
-The top level (:class:`Config`) is typed here; the ``algorithm``, ``model`` and ``data`` groups
-are typed by the dataclasses their entries register in :mod:`metalearn.registry` (which check
-their own values likewise). A bad value is a ValueError of one line naming its key.
+checking its own values when made (a one-line ValueError naming the key). The ``algorithm``,
+``model`` and ``data`` groups are typed by the dataclasses registered in :mod:`metalearn.registry`.
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ GLOB_CHARACTERS = "[]*?"
 
 
 def require(condition: bool, message: str) -> None:
-    """ValueError(``message``) unless ``condition``."""
     if not condition:
         raise ValueError(message)
 
@@ -49,8 +45,7 @@ def settings(node: Any, kind: type, prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def check_numbers(node: Any, prefix: str, seeds: tuple[str, ...] = ()) -> None:
-    """Every float of ``node`` finite, every int within the 32 bits JAX computes with (the keys
-    in ``seeds`` aside: they are checked as seeds)."""
+    """Every float of ``node`` finite, every int but ``seeds`` within JAX's 32-bit integers."""
     for key, value in settings(node, float, prefix):
         require(math.isfinite(value), f"{key} must be a finite number, got {value}")
     for key, value in settings(node, int, prefix):  # overflowed in JAX (a traceback) or XLA
@@ -124,9 +119,8 @@ class OptimizerConfig:
 class TrainerConfig:
     """The training loop."""
 
-    # Settings an evaluation of a saved run does not read (metalearn.evaluate refuses them as
-    # overrides), each with what sets its part of an evaluation ("" when nothing does). Any
-    # config class may declare its own: see :func:`training_only_reason`.
+    # Settings an evaluation does not read (refused as its overrides), each with what sets its
+    # part of an evaluation ("" when nothing does): see :func:`training_only_reason`.
     TRAINING_ONLY: ClassVar[Mapping[str, str]] = {
         "meta_steps": "",
         "meta_batch_size": "",
@@ -145,8 +139,7 @@ class TrainerConfig:
     meta_batch_size: int = 25
     shots: int = 10  # support examples per class (per task for regression) during training
     # auto | vmap | unroll | map | map<k>: how tasks in a meta-batch run. auto on CPU: map for
-    # RL task families, and for conv models with one XLA:CPU device per core each looping over
-    # its share of the tasks; vmap otherwise.
+    # RL task families and for conv models (a device per core), vmap otherwise.
     task_batching: str = "auto"
     steps_per_call: int = 0  # meta-steps fused into one jitted call (lax.scan); 0: auto
     log_every: int = 1000
@@ -158,9 +151,8 @@ class TrainerConfig:
     allow_changes: list[str] = dataclasses.field(default_factory=list)
     shard_tasks: bool = True  # with several devices, split each meta-batch's tasks across them
     progress_bar: str = "auto"  # auto (a TTY gets a bar) | bar | lines
-    # JAX's persistent compilation cache, so reruns and sweep jobs reuse compiled meta-steps.
-    # auto: $JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/metalearn/jax (~/.cache/...);
-    # a path: that directory; off (or null): no cache. See metalearn/runner/compilation_cache.py.
+    # JAX's persistent compilation cache (runner/compilation_cache.py). auto: its environment
+    # variable, else $XDG_CACHE_HOME/metalearn/jax; a path: that directory; off (or null): none.
     compilation_cache: str | None = "auto"
 
     def __post_init__(self) -> None:
@@ -207,7 +199,6 @@ class EvalConfig:
             require(len(values) >= 1, f"eval.{key} must be a non-empty list, got []")
             least = 1 if key == "shots" else 0
             require(min(values) >= least, f"eval.{key} must be >= {least}, got {values}")
-            # a repeated value wrote the same records twice
             require(
                 len(set(values)) == len(values),
                 f"eval.{key} lists a value twice ({values}): give each once",
@@ -248,7 +239,6 @@ class DistributedConfig:
 
 @dataclasses.dataclass
 class Config:
-    # Top-level keys and whole sections an evaluation does not read.
     TRAINING_ONLY: ClassVar[Mapping[str, str]] = {
         "seed": "the test tasks are drawn from eval.seed",
         "name": "",
@@ -268,8 +258,7 @@ class Config:
     name: str = "run"
     run_name: str = ""  # name plus what the command line changed (conf/config.yaml); the run dir
 
-    def __post_init__(self) -> None:
-        """The seed, and the numbers of the parts (which check their own ranges when made)."""
+    def __post_init__(self) -> None:  # the parts check their own ranges when made
         for group in ("algorithm", "model", "data"):
             part = getattr(self, group)
             if dataclasses.is_dataclass(part):
@@ -278,10 +267,8 @@ class Config:
 
 
 def training_only_reason(cfg: Config, key: str) -> str | None:
-    """Why an evaluation of a run with config ``cfg`` cannot depend on the setting ``key``
-    (dotted, as on the command line): it is read in training only, as the ``TRAINING_ONLY``
-    mapping of :class:`Config` or of the section's config class declares; None when an
-    evaluation reads it. A researcher's own config class may declare such a mapping too.
+    """Why an evaluation cannot depend on the setting ``key``, as the ``TRAINING_ONLY`` mapping
+    of :class:`Config` or of the section's config class declares; None when it reads it.
 
     >>> training_only_reason(Config(), "seed")
     'seed is read in training only (the test tasks are drawn from eval.seed)'

@@ -1,13 +1,6 @@
-"""Command-line tools that come with the package (a wheel install included), each run as
-``python -m metalearn.tools.NAME``:
-
-- ``collect_sweep``: one table of a sweep's ``eval.json`` files;
-- ``plot_learning_curves``: training and validation curves from ``metrics.jsonl``;
-- ``plot_sinusoid``: MAML's Figure 2 for a sinusoid run;
-- ``plot_rl_returns``: the return after 0, 1, 2, 3 inner steps of RL runs (Finn et al. Figure 5);
-- ``prepare_data``: build the TFDS datasets ahead of a run (a run also prepares them itself).
-
-Benchmarks, PyTorch peers and the reference implementations stay in the repository's
+"""Command-line tools that come with the package, each run as ``python -m metalearn.tools.NAME``
+(``collect_sweep``, ``plot_learning_curves``, ``plot_sinusoid``, ``plot_rl_returns``,
+``prepare_data``), and what they share. Benchmarks and reference implementations stay in
 ``scripts/``.
 """
 
@@ -21,8 +14,7 @@ from metalearn.cli import check_output_file
 
 
 def require_matplotlib() -> ModuleType:
-    """``matplotlib`` with the file-only Agg backend; one ``error:`` line and exit 2 when it is
-    not installed (it is the ``plot`` extra, not a dependency)."""
+    """``matplotlib`` with the file-only Agg backend; one ``error:`` line and exit 2 without it."""
     try:
         import matplotlib
     except ImportError:
@@ -37,10 +29,8 @@ def require_matplotlib() -> ModuleType:
 
 
 def save_figure(fig, out, fmt: str, dpi: int) -> None:
-    """Lay out ``fig`` and write it to ``out`` as given (without an extension matplotlib would
-    write OUT.png), in format ``fmt``; ValueError (one line) when matplotlib cannot draw it: a
-    label it reads as mathtext (between ``$`` signs) and cannot parse, or a format that needs a
-    program not installed here (``.pgf``: LaTeX)."""
+    """Lay out ``fig`` and write it to ``out`` as given, in format ``fmt``; ValueError (one line)
+    when matplotlib cannot draw it (a ``$...$`` label it cannot parse, ``.pgf`` without LaTeX)."""
     try:
         fig.tight_layout()  # it lays out the text, parsing it
         fig.savefig(out, dpi=dpi, format=fmt)
@@ -72,8 +62,7 @@ def is_count(value: object) -> bool:
 
 
 def is_float(value: object) -> bool:
-    """A number (:func:`is_number`) that a float can hold (an integer of 400 digits cannot;
-    NaN and the infinities are floats, read as non-finite results).
+    """A number (:func:`is_number`) that a float can hold (NaN and the infinities included).
 
     >>> is_float(0.5), is_float(float("nan")), is_float(10**400)
     (True, True, False)
@@ -87,15 +76,9 @@ def is_float(value: object) -> bool:
     return True
 
 
-# The largest count a record may hold: every count up to it is exact as a float, as plotted.
-MAX_COUNT = 2**53
-
-
 def check_eval_record(record: object) -> None:
-    """Raise ValueError (a phrase to put after the file's name) unless ``record`` reads as one
-    record of ``eval.json`` (or of ``metrics.jsonl``'s ``eval`` list): a metric name, counts of
-    shots and inner steps, and numbers or null where the evaluation writes numbers. The one
-    check of what ``collect_sweep``, ``plot_rl_returns`` and ``plot_learning_curves`` read.
+    """Raise ValueError (a phrase to follow the file's name) unless ``record`` reads as an
+    ``eval.json`` record.
 
     >>> check_eval_record({"metric": "mse", "shots": 5, "steps": 10, "mean": 0.35, "ci95": None})
     >>> check_eval_record({"metric": "mse", "shots": 5, "steps": 10, "mean": "0.35"})
@@ -108,7 +91,7 @@ def check_eval_record(record: object) -> None:
         raise ValueError(f"a record with metric {record['metric']!r}, not a metric's name")
     for key in ("shots", "steps", "ways", "tasks", "diverged", "nonfinite"):
         value = record.get(key, 0)
-        if not is_count(value) or value > MAX_COUNT:
+        if not is_count(value) or value > 2**53:  # beyond, a count is not exact as a float
             raise ValueError(f"a record with {key} {value!r}, not a count (0, 1, 2, ...)")
     for key in ("mean", "ci95", "median", "change", "change_ci95"):
         value = record.get(key)
@@ -124,9 +107,8 @@ def check_eval_record(record: object) -> None:
 
 
 def check_image_out(out: str | os.PathLike, flag: str, example: str) -> str:
-    """:func:`check_output_file` for a figure, and the format matplotlib writes it in (its
-    extension, PNG without one); ValueError (one line) for a format it cannot write. Called
-    before any run is read."""
+    """:func:`check_output_file` for a figure, and the format matplotlib writes it in (PNG
+    without an extension); ValueError (one line) for a format it cannot write."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     formats = FigureCanvasAgg.get_supported_filetypes()
