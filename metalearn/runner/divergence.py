@@ -1,12 +1,5 @@
-"""What made a run diverge: the data, the model, the inner loop's rate or the outer one's.
-
-When training produces a NaN, training tasks are sampled again and checked for non-finite
-values and labels out of range (the data's fault). Then the parameters of the last good
-checkpoint (or the initial ones) are scored on a few training tasks: a query loss non-finite
-before any inner step is the model's (or the loss's) fault. Otherwise they are adapted: if the
-inner loop blows the query loss up from there, ``algorithm.inner_lr`` is the likely culprit; if
-it adapts sanely, the outer update is (``optimizer.lr``, or gradients that need clipping).
-"""
+"""What made a run diverge: the data (resampled tasks checked), the model (a non-finite loss
+at the last good parameters), the inner loop's rate (adapting blows up) or the outer one's."""
 
 from __future__ import annotations
 
@@ -53,8 +46,8 @@ def inner_loop_verdict(
 
 
 def divergence_advice(exp: Experiment, train_arrays: Any, good: Trained) -> str:
-    """What to change after a NaN (see the module's docstring), judged from ``good`` (the last
-    finite parameters and state); ``train_arrays``: the training split, placed as the run does."""
+    """What to change after a NaN, judged from ``good`` (the last finite parameters and state)
+    on ``train_arrays`` (the placed training split)."""
     cfg, mesh = exp.plan.config, exp.plan.mesh
     shots = cfg.trainer.shots
     try:
@@ -63,14 +56,12 @@ def divergence_advice(exp: Experiment, train_arrays: Any, good: Trained) -> str:
         data_problem = None
     if data_problem:
         return f"{DATA_PROBE_TASKS} training tasks sampled again {data_problem}"
-    # The algorithm's inner rate: its first hyperparameter (MetaLearner.hyper), if it has one.
     setting = next(iter(exp.learner.hyper), None)
     inner = f"algorithm.{setting} or " if setting is not None else ""
     outer = outer_step_settings(cfg.algorithm)
     if outer is not None:  # an outer step of its own (MAML-RL's TRPO): no optimizer to blame
         return f"lower {inner}{outer}"
-    rates = f"{inner}optimizer.lr"
-    unknown = f"lower {rates}, or set optimizer.grad_clip_norm"
+    unknown = f"lower {inner}optimizer.lr, or set optimizer.grad_clip_norm"
     steps = int(getattr(cfg.algorithm, "inner_steps", 1))
     probe = make_eval_step(
         exp.learner,

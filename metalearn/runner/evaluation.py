@@ -14,15 +14,13 @@ from metalearn.runner.devices import InFlight
 
 log = logging.getLogger("metalearn")
 
-# Domain tags folded into the evaluation seed, so validation and test tasks are different
-# streams, and both differ from training (which folds the training seed, not this one).
+# Folded into the evaluation seed: validation and test tasks are different streams.
 SPLIT_TAGS = {"train": 0, "val": 1, "test": 2}
 
 
 def mean_and_ci95(values: Sequence[float] | np.ndarray) -> tuple[float, float]:
-    """Mean and half-width of the normal 95% confidence interval, 1.96 * s / sqrt(n).
-
-    ``s`` is the sample standard deviation (ddof=1), as in the MAML paper's tables.
+    """Mean and half-width of the normal 95% confidence interval, 1.96 * s / sqrt(n) (ddof=1,
+    as in the MAML paper's tables).
 
     >>> mean_and_ci95([1.0, 2.0, 3.0, 4.0])
     (2.5, 1.2651...)
@@ -35,19 +33,14 @@ def mean_and_ci95(values: Sequence[float] | np.ndarray) -> tuple[float, float]:
     return float(values.mean()), float(1.96 * values.std(ddof=1) / math.sqrt(values.size))
 
 
-# A task has diverged when its value is not finite or, for a loss (the objective's primary metric
-# when minimised), above DIVERGENCE_FACTOR times the larger of its loss before adaptation and the
-# median over tasks of that loss (so a nearly flat task going from 0.01 to 0.3 is not).
+# A task diverged when its value is not finite or, for a loss, above DIVERGENCE_FACTOR times the
+# larger of its loss before adaptation and that loss's median (a nearly flat task is not).
 DIVERGENCE_FACTOR = 10.0
 
 
 def median_and_ci95(values: np.ndarray) -> tuple[float, float, float]:
-    """Median and a distribution-free 95% interval for it, from order statistics.
-
-    The bounds are the sorted values at (1-based) ranks ``floor(n/2 - 1.96 sqrt(n)/2)`` and
-    ``ceil(1 + n/2 + 1.96 sqrt(n)/2)`` (the normal approximation of the binomial): valid
-    whatever the distribution, heavy tails included.
-    Non-finite entries sort where they fall (``+inf`` last); the caller maps NaN to the worst end.
+    """Median and a distribution-free 95% interval for it, from order statistics (ranks by the
+    binomial's normal approximation): valid for heavy tails too. The caller maps NaN to an end.
 
     >>> median_and_ci95(np.arange(1.0, 101.0))
     (50.5, 40.0, 61.0)
@@ -60,14 +53,14 @@ def median_and_ci95(values: np.ndarray) -> tuple[float, float, float]:
     return float(np.median(ordered)), float(ordered[lo - 1]), float(ordered[hi - 1])
 
 
-def _finite_or_none(x: float) -> float | None:
+def json_float(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
 def diverged_mask(
     values: np.ndarray, before: np.ndarray | None = None, *, lower_is_better: bool = True
 ) -> np.ndarray:
-    """Per task, whether it diverged (the rule above; the loss rule when ``before`` is given).
+    """Per task, whether it diverged (the rule above, the loss rule when ``before`` is given).
 
     >>> diverged_mask(np.array([0.2, 40.0, np.nan, 31.0]), np.array([3.0, 3.0, 3.0, 0.01])).tolist()
     [False, True, True, True]
@@ -87,12 +80,8 @@ def diverged_mask(
 def summarize(
     values: np.ndarray, before: np.ndarray | None = None, *, lower_is_better: bool = True
 ) -> dict:
-    """Mean and ci95 over the finite per-task values; the median over all; divergence counts.
-
-    ``nonfinite`` counts the tasks whose value is infinite or NaN (left out of the mean),
-    ``diverged`` those of :func:`diverged_mask` (``before``: the values before adaptation).
-    ``median`` and ``median_ci95`` are over ALL tasks, a non-finite one counted as the worst
-    value, so a few blow-ups cannot move them; a bound on a non-finite task is ``None``.
+    """Mean and ci95 over the finite per-task values, the median over all (a non-finite value
+    counted as the worst), and the counts of non-finite and diverged tasks.
 
     >>> r = summarize(np.array([1.0, 2.0, 3.0, 4.0, np.inf, np.nan, 1e20]), before=np.full(7, 5.0))
     >>> r["nonfinite"], r["diverged"], r["median"]
@@ -105,31 +94,31 @@ def summarize(
     worst = np.inf if lower_is_better else -np.inf
     median, lo, hi = median_and_ci95(np.where(np.isnan(values), worst, values))
     record = {
-        "median": _finite_or_none(median),
-        "median_ci95": [_finite_or_none(lo), _finite_or_none(hi)],
+        "median": json_float(median),
+        "median_ci95": [json_float(lo), json_float(hi)],
         "nonfinite": nonfinite,
         "diverged": int(blown.sum()),
     }
-    if nonfinite == values.size:
-        return {"mean": None, "ci95": None, **record}
-    mean, ci95 = mean_and_ci95(values[finite])
-    return {"mean": mean, "ci95": None if math.isnan(ci95) else ci95, **record}
+    return {**_mean_ci(values[finite], "mean", "ci95"), **record}
 
 
 def paired_change(after: np.ndarray, before: np.ndarray) -> dict:
     """``{"change": mean, "change_ci95": half-width}`` of ``after - before`` over the tasks
-    where both are finite (``None`` when no task or only one is): a paired interval, much
-    narrower than the two values' own when tasks differ more than adaptation moves them.
+    where both are finite: a paired interval, narrower than the values' own.
 
     >>> paired_change(np.array([-10.0, -50.0, -90.0]), np.array([-12.0, -51.0, -93.0]))
     {'change': 2.0, 'change_ci95': 1.1316...}
     """
     diff = np.asarray(after, np.float64) - np.asarray(before, np.float64)
-    diff = diff[np.isfinite(diff)]
-    if diff.size == 0:
-        return {"change": None, "change_ci95": None}
-    mean, ci95 = mean_and_ci95(diff)
-    return {"change": mean, "change_ci95": None if math.isnan(ci95) else ci95}
+    return _mean_ci(diff[np.isfinite(diff)], "change", "change_ci95")
+
+
+def _mean_ci(values: np.ndarray, mean: str, ci: str) -> dict:
+    """``{mean: ..., ci: ...}`` of :func:`mean_and_ci95`, None where undefined."""
+    if values.size == 0:
+        return {mean: None, ci: None}
+    m, ci95 = mean_and_ci95(values)
+    return {mean: m, ci: None if math.isnan(ci95) else ci95}
 
 
 def evaluation_keys(seed: int, split: str, shots: int, num_tasks: int) -> jax.Array:
@@ -156,28 +145,17 @@ def evaluate_split(
 ) -> list[dict] | list[list[dict]]:
     """Evaluate on ``num_tasks`` fixed tasks per shot count; one record per (metric, shots, steps).
 
-    Records look like ``{"metric": "mse", "shots": 5, "steps": 10, "mean": ..., "ci95": ...,
-    "median": ..., "median_ci95": [lo, hi], "nonfinite": 0, "diverged": 0, "tasks": 600}``
-    (see :func:`summarize`), with ``"ways"`` added when ``ways`` is given. When ``steps`` has 0,
-    a record after k > 0 steps also has the ``"change"`` from before adaptation and its
-    ``"change_ci95"`` (:func:`paired_change`). ``objective`` (e.g.
-    :class:`metalearn.data.task.Objective`) says which metric is a loss: its primary metric
-    when minimised, whose column at 0 steps finite blow-ups are measured against; for every
-    other metric only non-finite tasks count as diverged.
-    ``on_chunk(shots, tasks_done)``, if given, is called as each jitted call finishes (for a
-    progress bar). With ``runs``, ``eval_step`` evaluates that many runs at once (its results
-    have a leading runs axis) and each run's records are returned, in a list.
+    Records hold the :func:`summarize` fields, ``"ways"`` when given, and after k > 0 steps,
+    when ``steps`` has 0, the :func:`paired_change` from before adaptation. Only the
+    ``objective``'s minimised primary metric counts finite blow-ups as diverged.
+    ``on_chunk(shots, tasks_done)`` is called as each call finishes. With ``runs``,
+    ``eval_step``'s results have a leading runs axis and each run's records are returned.
     """
-    loss_metric = None if objective.maximize else objective.primary_metric
     every: list[list[dict]] = [[] for _ in range(runs or 1)]
     for shots in map(int, shots_list):
         keys = evaluation_keys(seed, split, shots, num_tasks)
         padded = -(-num_tasks // tasks_per_call) * tasks_per_call
-        keys = (
-            jax.numpy.concatenate([keys, keys[: padded - num_tasks]])
-            if padded > num_tasks
-            else keys
-        )
+        keys = jax.numpy.concatenate([keys, keys[: padded - num_tasks]])
         chunks, in_flight = [], InFlight()
         for i in range(0, padded, tasks_per_call):
             chunks.append(eval_step(meta_params, split_arrays, keys[i : i + tasks_per_call], shots))
@@ -192,35 +170,29 @@ def evaluate_split(
         }
         for run, records in enumerate(every):
             own = {k: (v if runs is None else v[run])[:num_tasks] for k, v in per_task.items()}
-            records += _records(own, shots, steps, split, ways, objective, loss_metric)
+            records += _records(own, shots, steps, split, ways, objective)
     return every if runs is not None else every[0]
 
 
-def _records(per_task, shots, steps, split, ways, objective, loss_metric) -> list[dict]:
-    """The records of one run's per-task values at one shot count (:func:`evaluate_split`)."""
+def _records(per_task, shots, steps, split, ways, objective) -> list[dict]:
     num_tasks, records = len(next(iter(per_task.values()))), []
     for name, values in sorted(per_task.items()):
         unadapted = values[:, list(steps).index(0)] if 0 in steps else None
-        before = unadapted if name == loss_metric else None
-        maximized = name == objective.primary_metric and objective.maximize
+        primary = name == objective.primary_metric
+        before = unadapted if primary and not objective.maximize else None  # a loss
+        maximized = primary and objective.maximize
         for column, num_steps in enumerate(steps):
             record = {"metric": name, "shots": int(shots), "steps": int(num_steps)}
-            if ways is not None:
-                record["ways"] = int(ways)
+            record.update({} if ways is None else {"ways": int(ways)})
             summary = summarize(values[:, column], before, lower_is_better=not maximized)
             record.update(summary, tasks=int(num_tasks))
             if unadapted is not None and num_steps != 0:
                 record.update(paired_change(values[:, column], unadapted))
             if record["diverged"]:
                 log.warning(
-                    "%s: %d of %d tasks diverged, %d of them non-finite (%s, %d shots, %d steps)",
-                    split,
-                    record["diverged"],
-                    num_tasks,
-                    record["nonfinite"],
-                    name,
-                    shots,
-                    num_steps,
+                    f"{split}: {record['diverged']} of {num_tasks} tasks diverged, "
+                    f"{record['nonfinite']} of them non-finite ({name}, {shots} shots, "
+                    f"{num_steps} steps)"
                 )
             records.append(record)
     return records
@@ -228,8 +200,7 @@ def _records(per_task, shots, steps, split, ways, objective, loss_metric) -> lis
 
 def selection_score(records: list[dict], objective: Any, shots: int) -> float:
     """The objective's primary metric at the training shot count and the most inner steps
-    evaluated, signed so that higher is better (``objective``: any object with
-    ``primary_metric`` and ``maximize``, e.g. :class:`metalearn.data.task.Objective`).
+    evaluated, signed so that higher is better.
 
     >>> from types import SimpleNamespace
     >>> selection_score([{"metric": "reward"}], SimpleNamespace(primary_metric="return"), 1)
@@ -252,7 +223,7 @@ def selection_score(records: list[dict], objective: Any, shots: int) -> float:
 
 
 def format_record(record: dict) -> str:
-    """One line for a log or a table: mean ± ci95, the median and its interval, divergence.
+    """One line for a log or a table.
 
     >>> print(format_record({"metric": "mse", "shots": 5, "steps": 10, "mean": 0.35,
     ...     "ci95": 0.03, "median": 0.21, "median_ci95": [0.19, 0.23], "nonfinite": 1,

@@ -27,11 +27,8 @@ TRAIN_STREAM, INIT_STREAM, MODEL_STREAM = 0, 1, 2
 
 
 class Hyper(NamedTuple):
-    """The values of a run that its compiled steps take as arguments rather than constants,
-    so that runs differing only in them (the seed, the algorithm's hyperparameters such as
-    ``algorithm.inner_lr``, ``optimizer.lr``: a sweep's usual axes) share one compiled program
-    (and JAX's persistent compilation cache).
-    """
+    """The values a run's compiled steps take as arguments, not constants, so that runs
+    differing only in them (a sweep's usual axes) share one compiled program."""
 
     train_key: jax.Array  # tasks of step s: fold_in(train_key, s)
     model_key: jax.Array  # model randomness of step s: fold_in(model_key, s)
@@ -51,36 +48,28 @@ class Experiment(NamedTuple):
     initial_state: TrainState
     hyper: Hyper  # the seed's keys and the rates, as the compiled steps take them
 
-    def meta_train_step(self, meta_steps: int, mesh=None):
-        """This experiment's ``meta_train_step(state, tasks) -> (state, metrics)``."""
+    def meta_train_step(self, meta_steps: int, mesh=None, hyper: Hyper | None = None):
+        """This experiment's ``meta_train_step(state, tasks) -> (state, metrics)``; with
+        ``hyper``, its keys and rates as given (traced arguments)."""
         return make_meta_train_step(
             self.learner,
             self.optimizer,
             meta_steps=meta_steps,
             strategy=self.plan.task_batching,
-            key=self.hyper.model_key,
+            key=(self.hyper if hyper is None else hyper).model_key,
             mesh=mesh,
+            hyper=None if hyper is None else hyper.learner,
+            learning_rate=None if hyper is None else hyper.lr,
         )
 
     def traced_meta_step(self, mesh=None):
         """``meta_step(state, train_arrays, hyper) -> (state, metrics)``: sample a meta-batch
-        on the device and update, with the keys and rates of ``hyper`` (a :class:`Hyper`, e.g.
-        ``self.hyper``) traced arguments, not constants; not yet jitted."""
+        on the device and update, ``hyper``'s keys and rates traced; not yet jitted."""
         t = self.plan.config.trainer
 
         def meta_step(state: TrainState, train_arrays: Any, hyper: Hyper):
-            train_step = make_meta_train_step(
-                self.learner,
-                self.optimizer,
-                meta_steps=t.meta_steps,
-                strategy=self.plan.task_batching,
-                key=hyper.model_key,
-                mesh=mesh,
-                hyper=hyper.learner,
-                learning_rate=hyper.lr,
-            )
             step = make_meta_step(
-                train_step,
+                self.meta_train_step(t.meta_steps, mesh, hyper),
                 self.tasks,
                 train_key=hyper.train_key,
                 meta_batch_size=t.meta_batch_size,
@@ -95,13 +84,9 @@ class Experiment(NamedTuple):
 def learning_rate(
     cfg: OptimizerConfig, meta_steps: int, lr: float | jax.Array | None = None
 ) -> float | jax.Array | optax.Schedule:
-    """The outer learning rate or schedule: the one home of the outer schedule.
-
-    ``constant`` (with an optional linear warm-up) or ``cosine`` (warm-up, then a cosine decay
-    to ``lr * final_lr_fraction`` at ``meta_steps``). An algorithm may recommend a schedule in
-    its config group (``conf/algorithm/mamlpp.yaml``); the experiment's ``optimizer`` decides.
-    ``lr`` (default ``cfg.lr``) may be a traced value (an argument of the compiled step: the
-    optimizer's update takes it, :func:`build_optimizer`).
+    """The outer learning rate or schedule: ``constant`` (optional linear warm-up) or
+    ``cosine`` (warm-up, then a decay to ``lr * final_lr_fraction`` at ``meta_steps``).
+    ``lr`` (default ``cfg.lr``) may be traced.
 
     >>> schedule = learning_rate(OptimizerConfig(schedule="cosine", final_lr_fraction=0.01), 100)
     >>> round(float(schedule(0)), 8), round(float(schedule(100)), 8)
@@ -109,8 +94,7 @@ def learning_rate(
     """
     lr = cfg.lr if lr is None else lr
     if cfg.schedule == "cosine":
-        # optax.warmup_cosine_decay_schedule, spelled out: it compares peak_value with 0 in
-        # Python, which a traced rate cannot answer. Same arithmetic, same values.
+        # optax.warmup_cosine_decay_schedule, spelled out: it compares a traced rate with 0.
         decay_steps = max(meta_steps, cfg.warmup_steps + 1)
         return optax.join_schedules(
             [
@@ -129,10 +113,8 @@ def learning_rate(
 def build_optimizer(cfg: OptimizerConfig, meta_steps: int) -> optax.GradientTransformationExtraArgs:
     """The outer optimiser: adam | adamw | sgd at :func:`learning_rate`, optional clipping.
 
-    Built once; its rate is data: ``update(..., learning_rate=lr)`` takes the run's
-    ``optimizer.lr`` (``Hyper.lr``, an argument of the compiled step; ``cfg.lr`` when not
-    given), as ``optax.inject_hyperparams`` would keep it in the state. The state is that of
-    ``optax.adam(lr)`` (``adamw``, ``sgd``), so checkpoints of either restore into the other.
+    Its rate is data, ``update(..., learning_rate=lr)`` (default ``cfg.lr``), and its state
+    that of ``optax.adam(lr)`` (``adamw``, ``sgd``), so checkpoints of either restore into both.
 
     >>> import jax.numpy as jnp
     >>> optimizer = build_optimizer(OptimizerConfig(name="sgd", lr=0.1), 10)
@@ -162,9 +144,7 @@ def build_optimizer(cfg: OptimizerConfig, meta_steps: int) -> optax.GradientTran
 
 
 def build_model(model_config: Any, tasks: TaskFamily, data_name: str = "the data") -> Model:
-    """The registered model ``model_config`` names, sized for ``tasks``, with the parts its
-    registration declares (:class:`~metalearn.models.base.ModelParts`), checked
-    (:func:`~metalearn.runner.preflight.check_module`, ``check_parameters``)."""
+    """The registered model ``model_config`` names, sized for ``tasks`` and checked."""
     module = MODELS.build(model_config, tasks.num_outputs)
     preflight.check_module(module, model_config.name, tasks, data_name)
     parts = MODELS.entry(model_config.name).info.get("parts", ModelParts())
@@ -174,10 +154,8 @@ def build_model(model_config: Any, tasks: TaskFamily, data_name: str = "the data
 
 
 def build(plan: RunPlan, tasks: TaskFamily | None = None) -> Experiment:
-    """Every part of the run ``plan`` describes, built once and checked as it is built
-    (:mod:`metalearn.runner.preflight`), with its initial state and its :class:`Hyper`.
-    ``tasks``: the task family when it is built and checked already (the runs of a group
-    share theirs, as they share the model's and the family's settings: not checked again)."""
+    """Every part of the run ``plan`` describes, built once and checked as it is built.
+    ``tasks``: a family built and checked already (a group's runs share theirs)."""
     cfg = plan.config
     preflight.check_settings(plan)
     shared, tasks = tasks, TASKS.build(cfg.data) if tasks is None else tasks

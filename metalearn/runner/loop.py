@@ -1,11 +1,6 @@
-"""The training loop: jitted meta-steps, periodic validation, checkpoints, final evaluation.
-
-One run (:func:`train_and_evaluate`), or a group of runs that share one compiled program
-(:func:`train_runs`: their configs differ only in what the step takes as data, the seed and the
-rates). A group is the same loop over a runs axis: each run keeps its own directory, metrics,
-checkpoints, best-on-validation parameters and evaluation, and a run that fails (a refused
-directory, a NaN) is recorded and left out while the others go on.
-"""
+"""The training loop: jitted meta-steps, periodic validation, checkpoints, final evaluation,
+for one run or a group sharing one compiled program, where a failing run is left out while the
+others go on."""
 
 from __future__ import annotations
 
@@ -26,7 +21,7 @@ import numpy as np
 from metalearn.config import Config
 from metalearn.runner.checkpoints import intact_steps, newest_intact_step
 from metalearn.runner.devices import InFlight, is_primary_host
-from metalearn.runner.evaluation import format_record, selection_score
+from metalearn.runner.evaluation import format_record, json_float, selection_score
 from metalearn.runner.experiment import build, count_parameters
 from metalearn.runner.layout import resume_hint, saved_steps
 from metalearn.runner.plan import resolve
@@ -37,7 +32,7 @@ from metalearn.runner.reporting import (
     earlier_processes,
     timed_rate,
 )
-from metalearn.runner.run import NonFiniteError, Runner, average, json_float
+from metalearn.runner.run import NonFiniteError, Runner, average
 from metalearn.runner.rundir import RunDirectory, write_atomically
 from metalearn.runner.signals import Interrupted, StopRequest
 from metalearn.runner.steps import all_equal, batch_update_strategy, trained
@@ -64,36 +59,25 @@ def train_and_evaluate(
     files: Mapping[str, str] | None = None,
     sweep_dir: str | None = None,
 ) -> dict:
-    """Train ``cfg`` in ``workdir`` (resuming if it holds checkpoints), then evaluate.
-
-    Writes ``metrics.jsonl``, TensorBoard events, ``checkpoints/``, ``best/``, ``eval.json``
-    and ``summary.json``, and the run's record (``config.yaml``, or ``files``:
-    :class:`~metalearn.runner.rundir.RunDirectory`). Returns the summary;
-    ``summary["interrupted"]`` is true when a signal stopped the run (a checkpoint was saved
-    first), and ``summary["requeue"]`` when one of them was the requeue signal of the job's
-    launcher (:func:`~metalearn.runner.signals.requeue_signal`).
-    """
+    """Train ``cfg`` in ``workdir`` (resuming if it holds checkpoints), then evaluate; returns
+    the summary. ``summary["interrupted"]``: a signal stopped the run (a checkpoint was saved
+    first); ``summary["requeue"]``: one was the launcher's requeue signal."""
     return train_runs([Job(cfg, workdir, files)], sweep_dir)[0]
 
 
 def train_runs(jobs: Sequence[Job], sweep_dir: str | None = None) -> list[dict | Exception]:
-    """Train ``jobs`` as one group sharing a compiled program (their configs must differ only
-    in what the compiled step takes as data: :func:`~metalearn.runner.sweeps.program_key`),
-    each resumed from its directory, then evaluate each. Returns each job's summary (as
-    :func:`train_and_evaluate`'s) or, for a job of a group that failed (its directory refused
-    it, its values went non-finite), the exception that says why; one job raises it instead.
-    A job of a group that finished before is not trained again: its summary is the one saved.
-    """
-    started = time.perf_counter()  # before the data are loaded (and prepared, on a first run)
+    """Train ``jobs`` as one group sharing a compiled program
+    (:func:`~metalearn.runner.plan.program_key`), then evaluate each. Returns each job's
+    summary or, for a failed job of a group, its exception (one job raises it). A job of a
+    group that finished before keeps its saved summary."""
+    started = time.perf_counter()
     group = len(jobs) > 1
     outcomes: list[Any] = [None] * len(jobs)
     with contextlib.ExitStack() as held:
-        # With several processes, a stop before the first training call is deferred to its
-        # end too: one process stopping alone leaves the others in the next collective
-        # operation (the restore, the call), until the coordination service gives up on it.
+        # With several processes, one stopping alone would leave the others in a collective.
         stop = held.enter_context(StopRequest())
         held.enter_context(stop.deferred(when=jax.process_count() > 1))
-        members, exps, run_dirs, tasks = [], [], [], None
+        built, tasks = [], None  # (job index, experiment, run directory)
         try:
             for i, job in enumerate(jobs):
                 try:
@@ -112,21 +96,18 @@ def train_runs(jobs: Sequence[Job], sweep_dir: str | None = None) -> list[dict |
                     continue
                 if run_dir.new:
                     run_dir.record()
-                members.append(i)
-                exps.append(exp)
-                run_dirs.append(run_dir)
+                built.append((i, exp, run_dir))
                 tasks = exp.tasks
-            if not members:
+            if not built:
                 return outcomes
-            start, leftover = _common_start([jobs[i] for i in members])
-            kept = [k for k in range(len(members)) if k not in leftover]
-            runner = Runner(exps[0], run_dirs[0]) if len(kept) == 1 and not group else None
-            if runner is None:
-                runner = Runner([exps[k] for k in kept], [run_dirs[k] for k in kept])
+            start, leftover = _common_start([jobs[i] for i, _, _ in built])
+            kept = [b for k, b in enumerate(built) if k not in leftover]
+            exps, dirs = [b[1] for b in kept], [b[2] for b in kept]
+            runner = Runner(exps, dirs) if group or len(kept) > 1 else Runner(exps[0], dirs[0])
             try:
                 trained_runs = _train(runner, stop, started, start, group)
-                for k, outcome in zip(kept, trained_runs, strict=True):
-                    outcomes[members[k]] = outcome
+                for (i, _, _), outcome in zip(kept, trained_runs, strict=True):
+                    outcomes[i] = outcome
             finally:
                 runner.close()
         except Interrupted as err:
@@ -135,7 +116,7 @@ def train_runs(jobs: Sequence[Job], sweep_dir: str | None = None) -> list[dict |
                     outcomes[i] = _interrupted(job.workdir, sweep_dir, err, stop)
             return outcomes
     if leftover:  # runs a kill left a checkpoint ahead of the others: a group of their own
-        rest = [members[k] for k in leftover]
+        rest = [built[k][0] for k in leftover]
         for i, outcome in zip(rest, train_runs([jobs[i] for i in rest], sweep_dir), strict=True):
             outcomes[i] = outcome
     return outcomes
@@ -150,9 +131,8 @@ def _interrupted(workdir: str, sweep_dir: str | None, err: Interrupted, stop: St
 
 
 def _common_start(jobs: Sequence[Job]) -> tuple[int | None, list[int]]:
-    """The step a group resumes from together, and the runs that cannot (a kill between the
-    runs' saves left some a checkpoint ahead, and they keep none of the others' step). None:
-    each run's latest (they agree, or it is one run)."""
+    """The step a group resumes from together (None: each run's latest), and the runs a kill
+    left a checkpoint ahead without the others' step."""
     if len(jobs) == 1 or not jobs[0].config.trainer.resume:
         return None, []
     intact = [intact_steps(os.path.join(job.workdir, "checkpoints")) for job in jobs]
@@ -164,7 +144,6 @@ def _common_start(jobs: Sequence[Job]) -> tuple[int | None, list[int]]:
 
 
 def _finished(job: Job) -> bool:
-    """Whether a job's run was trained to its end and evaluated before."""
     evaluated = os.path.exists(os.path.join(job.workdir, "eval.json"))
     newest = newest_intact_step(os.path.join(job.workdir, "checkpoints"))
     return evaluated and (newest or 0) >= job.config.trainer.meta_steps
@@ -180,11 +159,8 @@ def _saved_summary(workdir: str) -> dict:
 
 
 def chunk_length(step: int, cfg: Config, steps_per_call: int) -> int:
-    """Meta-steps in the next jitted call: up to ``steps_per_call``, never past a boundary.
-
-    Boundaries are the multiples of the log, eval and checkpoint intervals and the last step, so
-    a run resumed from any checkpoint replays exactly the same sequence of calls.
-    """
+    """Meta-steps in the next jitted call: up to ``steps_per_call``, never past a multiple of
+    an interval or the last step, so a resumed run replays the same calls."""
     t = cfg.trainer
     intervals = [t.log_every, t.checkpoint_every] + ([t.eval_every] if t.eval_every else [])
     next_boundary = min([t.meta_steps] + [(step // k + 1) * k for k in intervals])
@@ -192,9 +168,8 @@ def chunk_length(step: int, cfg: Config, steps_per_call: int) -> int:
 
 
 class _Runs:
-    """The loop's bookkeeping of a runner's runs: each one's best score, metrics writer and
-    whether it still trains; a run of a group that fails is recorded here, the others go on;
-    a run alone raises."""
+    """Each run's best score, metrics writer and whether it still trains; a failing run of a
+    group is recorded, a run alone raises."""
 
     def __init__(self, runner: Runner, isolate: bool, step: int, best_scores: list[float]):
         self.runner, self.isolate, self.best_scores = runner, isolate, best_scores
@@ -215,7 +190,7 @@ class _Runs:
     def save(self, state, pending) -> None:
         for i in list(self.alive):
             try:
-                self.runner.save(state, self.best_scores, pending, runs=[i])
+                self.runner.save(state, self.best_scores[i], pending, i)
             except NonFiniteError as err:
                 self.fail(i, err)
 
@@ -227,9 +202,8 @@ class _Runs:
 def _train(runner: Runner, stop: StopRequest, started: float, start, isolate: bool) -> list:
     plan, t = runner.plan, runner.cfg.trainer
     stop.phase = "the restore of the checkpoint"
-    state, best_scores, unlogged = runner.restore(start)
-    pending = runner.pending(unlogged)
-    stop.phase = "start-up"  # opening the metrics writers (tensorboardX's import) and the bar
+    state, best_scores, pending = runner.restore(start)
+    stop.phase = "start-up"
     step = start_step = int(runner.part(state, 0).step)
     _log_start(runner, state)
     # A copy on the device: the first training call donates the state's buffers.
@@ -237,7 +211,7 @@ def _train(runner: Runner, stop: StopRequest, started: float, start, isolate: bo
     runs = _Runs(runner, isolate, step, best_scores)
     progress = Progress(t.meta_steps, step, t.progress_bar)
     start_time, in_flight = time.perf_counter(), InFlight()
-    saved_step = step  # what a resumed run would start from: the checkpoint, or the seed
+    saved_step = step
     try:
         stop.phase = "training"
         with stop.deferred():
@@ -245,9 +219,7 @@ def _train(runner: Runner, stop: StopRequest, started: float, start, isolate: bo
             alone = jax.process_count() == 1
             while step < t.meta_steps and not stopping and runs.alive:
                 n = chunk_length(step, runner.cfg, plan.steps_per_call)
-                # Compiling from the state last saved, a stop loses nothing: not deferred. With
-                # several processes it is: one stopping alone leaves the others in the call's
-                # collectives; they all stop after it (StopRequest.agreed).
+                # Compiling from the state last saved, a stop loses nothing (one process alone).
                 compiling = not runner.is_compiled(n) and step == saved_step
                 with stop.at_once("compilation", when=compiling and alone):
                     state, metrics = runner.train_call(state, n)
@@ -268,12 +240,9 @@ def _train(runner: Runner, stop: StopRequest, started: float, start, isolate: bo
             if stopping or stop.agreed():
                 runs.save(state, pending)
                 for i in runs.alive:
-                    log.warning(
-                        "stopped at step %d; checkpoint saved in %s; %s",
-                        step,
-                        runner.checkpoints[i].directory,
-                        runner.run_dirs[i].resume_hint(),
-                    )
+                    saved = runner.checkpoints[i].directory
+                    hint = runner.run_dirs[i].resume_hint()
+                    log.warning("stopped at step %d; checkpoint saved in %s; %s", step, saved, hint)
                 stopped = _stopped(step, stop.signum, stop)
                 return [runs.failed.get(i, stopped) for i in range(runner.count)]
         train_seconds = time.perf_counter() - start_time
@@ -284,9 +253,8 @@ def _train(runner: Runner, stop: StopRequest, started: float, start, isolate: bo
             if unchanged[i]:
                 outer = outer_step_settings(runner.exps[i].plan.config.algorithm)
                 log.warning(unchanged_warning(outer, start_step, step))
+            runner.run_dirs[i].record()
         del start_params
-        for i in runs.alive:
-            runner.run_dirs[i].record()  # a rerun with nothing left to train: its record, now
         records = {}
         if runs.alive:
             with stop.at_once("the final validation"):
@@ -297,18 +265,12 @@ def _train(runner: Runner, stop: StopRequest, started: float, start, isolate: bo
         progress.close()
         runs.close()
     untimed = runner.compile_seconds + runner.pause_seconds
-    outcomes = []
-    for i in range(runner.count):
-        if i in runs.failed:
-            outcomes.append(runs.failed[i])
-            continue
-        summary = {
+    outcomes: dict[int, Any] = dict(runs.failed)
+    for i in runs.alive:
+        outcomes[i] = {
             "interrupted": False,
             "step": step,
-            # the step this process started from (0, or the checkpoint it resumed): the times
-            # and the rate below are this process's; a resumed run's earlier ones are in
-            # train.log
-            "start_step": start_step,
+            "start_step": start_step,  # the times and rate below are this process's
             "train_seconds": train_seconds,
             "compile_seconds": runner.compile_seconds,
             "steps_per_s": timed_rate(
@@ -317,27 +279,21 @@ def _train(runner: Runner, stop: StopRequest, started: float, start, isolate: bo
             "task_batching": plan.task_batching,
             "devices": plan.devices,
             "best_val_score": json_float(runs.best_scores[i]),
-            # false when this process's meta-steps left the meta-parameters exactly as they were
             "meta_params_changed": None if step == start_step else not unchanged[i],
             "eval": records[i],
-            # data loading or preparation, compilation, training and evaluation, all together
             "wall_seconds": time.perf_counter() - started,
             "earlier_processes": earlier_processes(runner.run_dirs[i].path),
+            **({"runs_in_program": runner.count} if runner.vectorized else {}),
         }
-        if runner.vectorized:
-            summary["runs_in_program"] = runner.count
-        _write_json(runner.run_dirs[i].path, "summary.json", summary)
-        outcomes.append(summary)
-    return outcomes
+        _write_json(runner.run_dirs[i].path, "summary.json", outcomes[i])
+    return [outcomes[i] for i in range(runner.count)]
 
 
 def _stopped(step: int, signum: int | None, stop: StopRequest) -> dict:
-    """The summary of a run a signal stopped (after ``step``)."""
     return {"interrupted": True, "step": step, "signal": signum, "requeue": stop.requeue}
 
 
 def _log_start(runner: Runner, state) -> None:
-    """The run's first log lines: what trains, where, batched how; the plan's warnings."""
     plan, cfg = runner.plan, runner.cfg
     strategy = plan.task_batching
     if runner.exp.learner.batch_update is not None:  # its outer step, where it differs
@@ -345,24 +301,18 @@ def _log_start(runner: Runner, state) -> None:
         if outer != strategy:
             strategy = f"{strategy} (the outer step: {outer} across devices)"
     runs = f" x {runner.count} runs in one program" if runner.vectorized else ""
+    parameters = count_parameters(runner.part(state, 0).meta_params)
     log.info(
-        "training %s: %s on %s, %d parameters%s, tasks batched by %s, %d %s device(s)",
-        cfg.run_name or cfg.name,
-        cfg.algorithm.name,
-        cfg.data.name,
-        count_parameters(runner.part(state, 0).meta_params),
-        runs,
-        strategy,
-        plan.device_count,
-        plan.platform,
+        f"training {cfg.run_name or cfg.name}: {cfg.algorithm.name} on {cfg.data.name}, "
+        f"{parameters} parameters{runs}, tasks batched by {strategy}, "
+        f"{plan.device_count} {plan.platform} device(s)"
     )
     for warning in plan.warnings:
         log.warning(warning)
 
 
 def unchanged_warning(outer_settings: str | None, start_step: int, step: int) -> str:
-    """What to say when ``step - start_step`` meta-steps left the meta-parameters as they were
-    (``outer_settings``: what sets the outer step, when not ``optimizer.lr``).
+    """What to say when meta-steps left the meta-parameters as they were.
 
     >>> unchanged_warning(None, 0, 3).split(":")[0]
     'the meta-parameters after step 3 are exactly those of step 0 (the initialisation)'
@@ -377,8 +327,7 @@ def unchanged_warning(outer_settings: str | None, start_step: int, step: int) ->
 
 
 def _log_training(runs: _Runs, progress: Progress, step: int, pending: list) -> None:
-    """One log line and one metrics.jsonl record per run; a run with a non-finite training
-    metric fails (NonFiniteError)."""
+    """One log line, and per run a metrics.jsonl record or, for a non-finite metric, a failure."""
     runner = runs.runner
     averaged = average(pending)
     per_run = {i: {k: float(np.ravel(v)[i]) for k, v in averaged.items()} for i in runs.alive}
@@ -391,28 +340,20 @@ def _log_training(runs: _Runs, progress: Progress, step: int, pending: list) -> 
     rate = progress.update(
         step, shown, runner.compile_seconds + runner.pause_seconds, runner.compile_steps
     )
+    timing = {} if rate is None else {"steps_per_s": rate}
     for i in runs.alive:
-        runs.writers[i].write(
-            {
-                "step": step,
-                "split": "train",
-                **({"steps_per_s": rate} if rate is not None else {}),
-                **{f"train/{k}": v for k, v in per_run[i].items()},
-            }
-        )
+        train = {f"train/{k}": v for k, v in per_run[i].items()}
+        runs.writers[i].write({"step": step, "split": "train", **timing, **train})
 
 
 def _write_json(workdir: str, name: str, value: Any) -> None:
-    """Write ``workdir/name`` atomically, from the primary host only."""
     if is_primary_host():
         write_atomically(os.path.join(workdir, name), json.dumps(value, indent=2))
 
 
 def _validate(runs: _Runs, state) -> None:
-    """Evaluate every run on the validation split; keep each one's parameters if they are its
-    best so far."""
-    runner, started = runs.runner, time.perf_counter()
-    cfg = runner.cfg
+    """Validate every run; keep each one's parameters if they are its best so far."""
+    runner, cfg, started = runs.runner, runs.runner.cfg, time.perf_counter()
     step = int(runner.part(state, 0).step)
     log.info("validation on %d tasks at step %d", cfg.eval.val_tasks, step)
     every = runner.evaluate(trained(state), "val", cfg.eval.val_tasks, [cfg.trainer.shots])
@@ -430,8 +371,7 @@ def _validate(runs: _Runs, state) -> None:
 
 def _final_evaluation(runs: _Runs, state) -> list[list[dict]]:
     """Each run's test evaluation, of its best-on-validation parameters where it has them."""
-    runner = runs.runner
-    cfg = runner.cfg
+    runner, cfg = runs.runner, runs.runner.cfg
     finals, chosen = [], []
     for i in range(runner.count):
         final = runner.part(trained(state), i)

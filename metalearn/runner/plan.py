@@ -1,15 +1,5 @@
-"""The run plan: everything decided about a run before it starts, in one place, once.
-
-:func:`resolve` reads the validated config, the registry's declarations of the parts it selects
-(a convolutional model, a family of large tasks) and the machine (its devices), and returns a
-frozen :class:`RunPlan`: how a meta-batch's tasks are batched, how many meta-steps one compiled
-call fuses, the mesh the tasks are split over, and the warnings the run logs. The loop, the steps
-and the evaluation read the plan, never the raw config's machine-dependent settings.
-
-The settings a process must take before JAX's first computation (XLA:CPU devices, serial LAPACK
-scheduling, the compilation cache, ``jax.distributed``) are applied by
-:func:`~metalearn.runner.cpu_backend.prepare_machine`, which the entry points call first.
-"""
+"""The run plan: what the config, the registered parts and the machine decide about a run
+(task batching, fused steps, the task mesh, warnings), resolved once before it starts."""
 
 from __future__ import annotations
 
@@ -42,9 +32,8 @@ class RunPlan:
 
 
 def resolve(config: Config, *, runs: int = 1) -> RunPlan:
-    """The :class:`RunPlan` of ``config`` on this process's devices (ValueError, one line, when
-    the meta-batch cannot be split across them), as one of ``runs`` runs sharing a compiled
-    program: several are split across the devices by run, not by task (no task mesh)."""
+    """The :class:`RunPlan` of ``config`` on this process's devices, as one of ``runs`` runs
+    sharing a program (several are split across the devices by run: no task mesh)."""
     t = config.trainer
     parts = MODELS.entry(config.model.name).info.get("parts", ModelParts())
     large_tasks = TASKS.entry(config.data.name).info.get("large_tasks", False)
@@ -68,10 +57,8 @@ def resolve(config: Config, *, runs: int = 1) -> RunPlan:
 
 
 def program_key(config: Config) -> str:
-    """What the compiled program of a run of ``config`` depends on, as a string: its settings
-    but for what the program takes as data (the seed, ``optimizer.lr``, the algorithm's
-    :func:`~metalearn.algorithms.base.hyperparameter` fields) and those that change no number
-    (its name, ``trainer.resume``, ...). Runs with one key can share one program.
+    """What the compiled program of ``config`` depends on: its settings but for what the
+    program takes as data (seed, rates). Runs with one key can share one program.
 
     >>> from metalearn.algorithms.maml import MAMLConfig
     >>> key = lambda **kw: program_key(Config(algorithm=MAMLConfig(**kw), model={}, data={}))
@@ -89,31 +76,15 @@ def program_key(config: Config) -> str:
 
 
 def resolve_task_batching(strategy: str, *, convolutional: bool, large_tasks: bool = False) -> str:
-    """How the tasks of a meta-batch are batched, when the config says ``auto``
-    (:func:`~metalearn.core.batching.resolve_auto`).
-
-    On GPUs and TPUs, ``vmap``. On CPU, ``vmap`` for dense models, but ``map`` (one task per
-    loop iteration) for convolutional ones (the model's registration declares it:
-    ``ModelParts(convolutional=True)``) and for families of large tasks (registered with
-    ``large_tasks=True``: an RL task is thousands of policy evaluations): per-task weights
-    under ``vmap`` become batched matrix products and grouped convolutions, which XLA:CPU runs
-    far slower, and one such task is already large enough for the CPU; a Python loop unrolled
-    inside ``jit`` (``unroll``) makes the program 32 times larger and compiles for minutes. So
-    that both cores of a CPU work, a run of a convolutional model started with ``auto`` also
-    splits the tasks across one XLA:CPU device per core
-    (:func:`~metalearn.runner.cpu_backend.cpu_devices_for`), each looping over its share.
-    Measured in experiments/benchmarks/.
-    """
+    """How a meta-batch's tasks are batched for ``auto``: ``vmap``, but on a CPU ``map`` for
+    convolutional models and large tasks, whose per-task weights XLA:CPU runs far slower
+    batched (measured in experiments/benchmarks/)."""
     return resolve_auto(strategy, large_tasks=convolutional or large_tasks)
 
 
 def resolve_steps_per_call(steps_per_call: int, *, convolutional: bool) -> int:
-    """Meta-steps fused per jitted call; 0 means auto.
-
-    Auto fuses 100 steps in a ``lax.scan`` (dispatch overhead dominates small models), and
-    10 for convolutional models on CPU, whose steps take long enough that dispatch costs
-    nothing and progress should be reported more often.
-    """
+    """Meta-steps fused per jitted call; 0 means auto: 100 (dispatch dominates small models),
+    10 for convolutional models on a CPU (slow steps: progress reported more often)."""
     if steps_per_call:
         return steps_per_call
     if jax.default_backend() == "cpu" and convolutional:
@@ -123,9 +94,7 @@ def resolve_steps_per_call(steps_per_call: int, *, convolutional: bool) -> int:
 
 def lapack_device_warning(cfg: Config, platform: str, device_count: int) -> str | None:
     """The line a run logs when it shards a locomotion family's physics over several XLA:CPU
-    devices (``JAX_NUM_CPU_DEVICES``): serial LAPACK scheduling orders the calls within one
-    device, not across devices, so two devices' batched Cholesky solves can still deadlock
-    (experiments/rl/locomotion/README.md). None for any other run.
+    devices, whose batched Cholesky solves can deadlock (experiments/rl/locomotion/README.md).
 
     >>> from metalearn.rl.family import RLTasksConfig
     >>> def warning(env, devices):
@@ -145,11 +114,8 @@ def lapack_device_warning(cfg: Config, platform: str, device_count: int) -> str 
 
 
 def unread_final_lr_warning(cfg: OptimizerConfig) -> str | None:
-    """The line a run logs when ``final_lr_fraction`` is set and no schedule reads it.
-
-    Only ``schedule=cosine`` decays to ``lr * final_lr_fraction``. A warning, not a refusal:
-    ``algorithm=mamlpp`` recommends ``final_lr_fraction=0.01`` with its cosine, and
-    ``optimizer.schedule=constant`` alone should still turn the cosine off.
+    """The line a run logs when ``final_lr_fraction`` is set and no schedule reads it (not a
+    refusal: ``optimizer.schedule=constant`` alone turns ``algorithm=mamlpp``'s cosine off).
 
     >>> unread_final_lr_warning(OptimizerConfig(final_lr_fraction=0.01))[:64]
     'optimizer.final_lr_fraction=0.01 is unused: only optimizer.sched'

@@ -1,13 +1,6 @@
-"""Every check of a run's parts, in one place: each runs once, as :func:`~metalearn.runner.
-experiment.build` builds the part, before the run directory is written to.
-
-The config's own values are checked when it is made (the config classes' ``__post_init__``);
-what needs the built parts or the machine is checked here: settings nothing reads, a model
-factory's module and parameters, an algorithm factory's learner, the task family and its
-objective (:mod:`metalearn.data.family_checks`, :mod:`metalearn.data.objective_checks`), and
-what would deadlock XLA:CPU's LAPACK calls. Each problem is a ValueError of one line naming
-the setting or the part to fix.
-"""
+"""The checks that need a run's built parts or the machine, each run once as
+:func:`~metalearn.runner.experiment.build` builds the part: each problem is a one-line
+ValueError naming the setting or the part to fix."""
 
 from __future__ import annotations
 
@@ -38,9 +31,20 @@ __all__ = [
 
 
 def check_settings(plan: RunPlan) -> None:
-    """What the config sets that nothing would read, or that would hang the run."""
-    refuse_unused_optimizer(plan.config)
-    error = lapack_batch_error(plan.config, plan.task_batching, plan.platform, plan.device_count)
+    """Refuses ``optimizer.*`` settings nothing reads, and what would hang the run."""
+    cfg, default = plan.config, OptimizerConfig()
+    settings = outer_step_settings(cfg.algorithm)
+    changed = [
+        f"optimizer.{f.name}={getattr(cfg.optimizer, f.name)}"
+        for f in dataclasses.fields(OptimizerConfig)
+        if getattr(cfg.optimizer, f.name) != getattr(default, f.name)
+    ]
+    if settings is not None and changed:
+        raise ValueError(
+            f"{', '.join(changed)} would have no effect: algorithm={cfg.algorithm.name} takes "
+            f"its outer step with {settings}, not the optimizer section; drop the setting"
+        )
+    error = lapack_batch_error(cfg, plan.task_batching, plan.platform, plan.device_count)
     if error:
         raise ValueError(error)
 
@@ -51,34 +55,16 @@ def outer_step_settings(algorithm_config: Any) -> str | None:
     return declared(algorithm_config) if declared else None
 
 
-def refuse_unused_optimizer(cfg: Config) -> None:
-    """ValueError if ``optimizer.*`` is set away from its defaults where nothing reads it."""
-    settings = outer_step_settings(cfg.algorithm)
-    if settings is None:
-        return
-    default = OptimizerConfig()
-    changed = [
-        f"optimizer.{f.name}={getattr(cfg.optimizer, f.name)}"
-        for f in dataclasses.fields(OptimizerConfig)
-        if getattr(cfg.optimizer, f.name) != getattr(default, f.name)
-    ]
-    if changed:
-        raise ValueError(
-            f"{', '.join(changed)} would have no effect: algorithm={cfg.algorithm.name} takes "
-            f"its outer step with {settings}, not the optimizer section; drop the setting"
-        )
-
-
 def check_module(module: Any, model_name: str, tasks: TaskFamily, data_name: str) -> None:
     """What a model factory returned: a Flax module, for inputs of the family's rank."""
     problem = module_problem(module)
-    if problem:  # an AttributeError ("'function' object has no attribute 'init'") before
+    if problem:
         raise ValueError(
             f"model={model_name}: its factory returned {problem}; see docs/extending.md (a model)"
         )
     rank = getattr(module, "input_rank", None)
     if rank == 3 and len(tasks.input_shape) != 3:
-        advice = (  # a family with an objective of its own (RL's) needs its own kind of model
+        advice = (
             "model=mlp, or an image dataset (data=omniglot, miniimagenet, cifarfs or fc100)"
             if tasks.objective is None
             else "a model for vector inputs (for an RL task family: model=gaussian_mlp)"
@@ -90,9 +76,8 @@ def check_module(module: Any, model_name: str, tasks: TaskFamily, data_name: str
 
 
 def check_parameters(model: Model, name: str) -> None:
-    """ValueError (one line) if ``model`` has no parameters (nothing to meta-learn: the run
-    trained nothing, silently) or its declared head is not one of its top-level parameter
-    entries (a KeyError in the algorithms that adapt or replace the head). Traced only.
+    """ValueError if ``model`` has no parameters or its declared head is not one of its
+    top-level parameter entries. Traced only.
 
     >>> from metalearn.models.base import ModelParts, model_from_flax
     >>> from metalearn.models.mlp import MLP
@@ -117,9 +102,8 @@ def check_parameters(model: Model, name: str) -> None:
 
 
 def check_learner(learner: Any, algorithm: str) -> None:
-    """What an algorithm factory returned: a MetaLearner whose ``batch_update``, if any, takes
-    the arguments the runner passes."""
-    if not isinstance(learner, MetaLearner):  # None: an AttributeError traceback, later
+    """What an algorithm factory returned: a MetaLearner with a ``batch_update`` that fits."""
+    if not isinstance(learner, MetaLearner):
         raise ValueError(
             f"algorithm={algorithm}: its factory returned {type(learner).__name__}, "
             "not a metalearn.algorithms.base.MetaLearner; return one (docs/extending.md)"
@@ -128,10 +112,9 @@ def check_learner(learner: Any, algorithm: str) -> None:
 
 
 def check_family_and_objective(cfg: Config, tasks: TaskFamily, objective: Objective) -> None:
-    """The task family's sampler, at the training and evaluation shots, and the objective's
-    loss on one of its tasks (:func:`~metalearn.data.family_checks.check_family`,
-    :func:`~metalearn.data.objective_checks.check_objective`)."""
-    env = selected_parts(cfg).get("data.env")  # an RL family's environment, named too
+    """The task family's sampler at the training and evaluation shots, and the objective's
+    loss on one of its tasks."""
+    env = selected_parts(cfg).get("data.env")
     family = cfg.data.name + (f", data.env={env}" if env else "")
     check_family(tasks, family, cfg.trainer.shots, cfg.eval.shots)
     check_objective(objective, tasks, family, cfg.model.name, cfg.trainer.shots)
@@ -139,11 +122,8 @@ def check_family_and_objective(cfg: Config, tasks: TaskFamily, objective: Object
 
 def lapack_batch_error(cfg: Config, strategy: str, platform: str, device_count: int) -> str | None:
     """The line a run is refused with when, on several XLA:CPU devices, one device would step
-    so many rollouts of a locomotion family at once that its physics' batched solve takes
-    jaxlib 0.10's threaded path, which deadlocks across devices (every thread idle, the run
-    hung; :func:`~metalearn.runner.cpu_backend.inline_solve_batch`). Training's outer step
-    runs ``vmap`` over each device's tasks; evaluation batches them as ``strategy`` says.
-    None when the run is safe from it (one device, tasks not sharded, another family).
+    so many locomotion rollouts at once that jaxlib 0.10's threaded batched solve deadlocks
+    (:func:`~metalearn.runner.cpu_backend.inline_solve_batch`); None when the run is safe.
 
     >>> from metalearn.config import TrainerConfig
     >>> from metalearn.rl.algorithm import MAMLRLAlgorithmConfig
@@ -168,8 +148,7 @@ def lapack_batch_error(cfg: Config, strategy: str, platform: str, device_count: 
     eval_tasks = 1 if strategy != "vmap" else -(-cfg.eval.tasks_per_call // device_count)
     eval_rollouts = getattr(cfg.algorithm, "eval_rollouts", 0)
     if eval_tasks * eval_rollouts > batch:
-        what = f"{eval_tasks} evaluation tasks x {eval_rollouts}"
-        batch = eval_tasks * eval_rollouts
+        what, batch = f"{eval_tasks} evaluation tasks x {eval_rollouts}", eval_tasks * eval_rollouts
     if batch <= limit:
         return None
     return (

@@ -1,12 +1,6 @@
-"""Runs' compiled programs and stores: :class:`Runner`, built from one experiment or several.
-
-The training loop (:mod:`metalearn.runner.loop`) and ``metalearn.evaluate`` drive it: it
-places the states and the data on the devices, compiles the fused training call and the
-evaluation step once, saves and restores checkpoints (``checkpoints/``, ``best/``), and says
-what to change when training produces a NaN. Several runs that differ only in what the compiled
-step takes as data (the seed, the rates) share one program: their states, keys and rates are
-stacked on a leading runs axis (:func:`~metalearn.runner.steps.stack`), and each keeps its own
-run directory. One run is the special case without that axis (today's program, bit for bit).
+"""Runs' compiled programs and stores (:class:`Runner`): device placement, the fused training
+call and evaluation step, checkpoints, and advice on a NaN. Runs differing only in what the
+step takes as data share one program, stacked on a leading runs axis; one run has no such axis.
 """
 
 from __future__ import annotations
@@ -21,11 +15,12 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from metalearn.runner.checkpoints import DAMAGED, CheckpointStore
 from metalearn.runner.devices import replicated, runs_mesh
 from metalearn.runner.divergence import divergence_advice
-from metalearn.runner.evaluation import evaluate_split
+from metalearn.runner.evaluation import evaluate_split, json_float
 from metalearn.runner.experiment import Experiment
 from metalearn.runner.rundir import RunDirectory
 from metalearn.runner.steps import (
@@ -39,8 +34,7 @@ from metalearn.runner.steps import (
 
 log = logging.getLogger("metalearn")
 
-# Checkpoint metadata key: the step count and mean training metrics of the steps since the last
-# log line, which the next log line averages in.
+# Checkpoint metadata: the steps and mean training metrics since the last log line.
 UNLOGGED = "unlogged_train_metrics"
 
 
@@ -49,14 +43,9 @@ class NonFiniteError(FloatingPointError):
 
 
 class Runner:
-    """The runs of ``exps`` (one experiment, or several built from configs that differ only in
-    data: :func:`~metalearn.runner.sweeps`' grouping), each in its run directory of
-    ``run_dirs``: their compiled steps, their checkpoints, their evaluation.
-
-    The constructor only builds: every check ran as the experiments were built
-    (:func:`~metalearn.runner.experiment.build`). With several runs, ``initial_state``,
-    ``hyper`` and every state the runner takes or returns have a leading runs axis.
-    """
+    """The runs of ``exps`` (one experiment, or a group sharing a program), each in its run
+    directory of ``run_dirs``. With several runs, every state it takes or returns, and
+    ``initial_state`` and ``hyper``, have a leading runs axis."""
 
     def __init__(
         self,
@@ -66,10 +55,10 @@ class Runner:
         single = isinstance(exps, Experiment)
         self.exps = [exps] if single else list(exps)
         self.run_dirs = [run_dirs] if single else list(run_dirs)
-        self.exp, self.run_dir = self.exps[0], self.run_dirs[0]
-        self.plan, self.cfg, self.workdir = self.exp.plan, self.exp.plan.config, self.run_dir.path
+        self.exp, self.workdir = self.exps[0], self.run_dirs[0].path
+        self.plan, self.cfg = self.exp.plan, self.exp.plan.config
         self.count, self.vectorized = len(self.exps), not single
-        # A group's runs are split across the devices (each steps its share), its tasks not.
+        # A group's runs are split across the devices, its tasks not.
         self.runs_mesh = runs_mesh(self.count) if self.vectorized else None
         self.mesh = None if self.vectorized else self.plan.mesh
         self.checkpoints = [
@@ -85,14 +74,12 @@ class Runner:
         # A host copy: the first training call donates (deletes) the device buffers.
         self._initial_trained = jax.device_get(trained(self.initial_state))
         self.splits = replicated(self.exp.tasks.splits, self.mesh)
-        # The seed's keys and the rates are arguments of the compiled steps, not constants.
         self.hyper = self.placed([e.hyper for e in self.exps])
         self._meta_step = self.exp.traced_meta_step(self.mesh)
         self._compiled: dict[int, Any] = {}
         self.loaded, self.loaded_step = "", -1  # what load() loaded
-        self.compile_seconds = 0.0
-        self.compile_steps = 0  # meta-steps run by compiling calls: their time is compile time
-        self.pause_seconds = 0.0  # validation and checkpoint saves: with compiling, not in steps/s
+        self.compile_seconds = self.pause_seconds = 0.0  # neither counts in steps/s
+        self.compile_steps = 0  # meta-steps run by compiling calls
         self.eval_step = make_eval_step(
             self.exp.learner,
             self.exp.tasks,
@@ -104,15 +91,12 @@ class Runner:
         )
 
     def placed(self, per_run: Sequence[Any]) -> Any:
-        """The runs' pytrees as the compiled steps take them: stacked on the runs axis (each
-        device holding its runs), or the one run's, on every device of its task mesh."""
+        """The runs' pytrees as the compiled steps take them (stacked for a group)."""
         if not self.vectorized:
             return replicated(per_run[0], self.mesh)
         stacked = stack(list(per_run))
         if self.runs_mesh is None:
             return stacked
-        from jax.sharding import NamedSharding, PartitionSpec
-
         return jax.device_put(stacked, NamedSharding(self.runs_mesh, PartitionSpec("runs")))
 
     def part(self, tree: Any, index: int) -> Any:
@@ -120,12 +104,8 @@ class Runner:
         return run_of(tree, index) if self.vectorized else tree
 
     def train_call(self, state, num_steps: int):
-        """Run ``num_steps`` fused meta-steps; compiles (timed) on first use of a length.
-
-        The first call of a new length is waited for and counted as compile time too: XLA
-        finishes preparing the program on its first run (~0.2 s for a tiny MLP on a CPU). Its
-        steps are counted in ``compile_steps``, so that steps/s counts neither.
-        """
+        """Run ``num_steps`` fused meta-steps. A new length is compiled, and its first call
+        waited for (XLA finishes preparing on it), as compile time."""
         arrays = self.splits["train"]
         if num_steps in self._compiled:
             return self._compiled[num_steps](state, arrays, self.hyper)
@@ -140,19 +120,17 @@ class Runner:
         return result
 
     def is_compiled(self, num_steps: int) -> bool:
-        """Whether the program of ``num_steps`` fused meta-steps is compiled already."""
         return num_steps in self._compiled
 
     def lower(self, state, num_steps: int) -> jax.stages.Lowered:
-        """The program of ``num_steps`` fused meta-steps from ``state``, lowered (not compiled)."""
+        """The program of ``num_steps`` fused meta-steps from ``state``, lowered."""
         jitted = make_multi_step(self._meta_step, num_steps, self.runs_mesh, self.vectorized)
         return jitted.lower(state, self.splits["train"], self.hyper)
 
     def evaluate(
         self, trained_params, split: str, num_tasks: int, shots_list=None, on_chunk=None
     ) -> list[list[dict]]:
-        """Each run's records of an evaluation of ``trained_params`` (a
-        :class:`~metalearn.runner.steps.Trained`, stacked for several runs)."""
+        """Each run's records of an evaluation of ``trained_params`` (stacked for a group)."""
         e = self.cfg.eval
 
         def eval_step(params, arrays, keys, shots):
@@ -176,11 +154,10 @@ class Runner:
         )
         return records if self.vectorized else [records]
 
-    def restore(self, start: int | None = None) -> tuple[Any, list[float], list[list]]:
-        """``(state, best scores, unlogged training metrics)``: each run's latest intact
-        checkpoint (``trainer.resume=false``: its initialisation), or with ``start``, its
-        checkpoint of that step (the initialisation for 0), so that a group resumes together.
-        """
+    def restore(self, start: int | None = None) -> tuple[Any, list[float], list]:
+        """``(state, best scores, unlogged training metrics)`` of each run's latest intact
+        checkpoint, or of step ``start`` (a group resuming together); 0 or no resume: the
+        initialisation. A group's metrics are stacked, or none where the runs' differ."""
         states, best_scores, unlogged = [], [], []
         for i, store in enumerate(self.checkpoints):
             template = self.part(self.initial_state, i)
@@ -195,60 +172,45 @@ class Runner:
                 state, metadata = restored
                 if metadata.get("best_score") is not None:
                     best = float(metadata["best_score"])
-                if metadata.get(UNLOGGED):  # absent in checkpoints of older versions
+                if metadata.get(UNLOGGED):
                     saved = metadata[UNLOGGED]
                     pending = [(int(saved["steps"]), dict(saved["mean"]))]
                 log.info("resumed from step %d (%s)", int(state.step), store.directory)
             states.append(state)
             best_scores.append(best)
             unlogged.append(pending)
-        return (self.placed(states) if self.vectorized else states[0]), best_scores, unlogged
+        if not self.vectorized:
+            return states[0], best_scores, unlogged[0]
+        steps, pending = {u[0][0] if len(u) == 1 else None for u in unlogged}, []
+        if len(steps) == 1 and None not in steps:
+            keys = unlogged[0][0][1]
+            pending = [(steps.pop(), {k: np.array([u[0][1][k] for u in unlogged]) for k in keys})]
+        return self.placed(states), best_scores, pending
 
-    def saved_steps(self) -> list[int | None]:
-        """Each run's newest intact checkpoint's step (None: none)."""
-        return [store.newest_intact_step() for store in self.checkpoints]
-
-    def save(self, state, best_scores, pending, runs: Sequence[int] | None = None) -> None:
-        """Checkpoint each of ``runs`` (default: all) with its best score and the training
-        metrics of the calls since the last log line (``pending``: ``(steps, metrics)`` pairs),
-        so that a resumed run logs the same averages as an uninterrupted one. A run's record is
-        written with its first checkpoint (:class:`RunDirectory`). A run with non-finite
-        parameters is refused (NonFiniteError), saving nothing of it."""
+    def save(self, state, best_score: float, pending, i: int) -> None:
+        """Checkpoint run ``i`` with its best score and the ``pending`` training metrics since
+        the last log line, so that a resumed run logs the same averages. Non-finite parameters
+        raise NonFiniteError, saving nothing."""
         started = time.perf_counter()
-        for i in range(self.count) if runs is None else runs:
-            part = self.part(state, i)
-            step = int(part.step)
-            if not bool(all_finite(part.meta_params)):
-                raise self.non_finite(step, "parameters", i)
-            metadata = {"step": step, "best_score": json_float(best_scores[i])}
-            if pending:
-                own = [(n, self.part(metrics, i)) for n, metrics in pending]
-                metadata[UNLOGGED] = {"steps": sum(n for n, _ in own), "mean": average(own)}
-            self.run_dirs[i].record()
-            self.checkpoints[i].save(step, part, metadata)
+        part = self.part(state, i)
+        step = int(part.step)
+        if not bool(all_finite(part.meta_params)):
+            raise self.non_finite(step, "parameters", i)
+        metadata = {"step": step, "best_score": json_float(best_score)}
+        if pending:
+            own = [(n, self.part(metrics, i)) for n, metrics in pending]
+            metadata[UNLOGGED] = {"steps": sum(n for n, _ in own), "mean": average(own)}
+        self.run_dirs[i].record()
+        self.checkpoints[i].save(step, part, metadata)
         self.pause_seconds += time.perf_counter() - started
 
-    def pending(self, unlogged: list[list]) -> list:
-        """The restored training metrics of the runs since their last log line, as the loop
-        keeps them (stacked on the runs axis for a group); none where the runs' differ."""
-        if not self.vectorized:
-            return unlogged[0]
-        if any(len(u) != 1 or u[0][0] != unlogged[0][0][0] for u in unlogged if u) or not all(
-            unlogged
-        ):
-            return []
-        keys = unlogged[0][0][1]
-        return [(unlogged[0][0][0], {k: np.array([u[0][1][k] for u in unlogged]) for k in keys})]
-
     def non_finite(self, step: int, what: str, index: int = 0) -> NonFiniteError:
-        """The error of run ``index`` producing a non-finite ``what`` at ``step``, with what to
-        change (:func:`~metalearn.runner.divergence.divergence_advice`)."""
+        """The error of run ``index`` producing a non-finite ``what`` at ``step``, with advice."""
         store, exp = self.checkpoints[index], self.exps[index]
         last = store.newest_intact_step()
         where = f"step {last} in {store.directory}" if last is not None else "none yet"
         good = self.part(self._initial_trained, index)
         if last is not None:
-            # Unloadable after all: the probe starts from the initial parameters.
             with contextlib.suppress(RuntimeError):
                 good = trained(store.restore(self.part(self.initial_state, index), last)[0])
         advice = divergence_advice(exp, replicated(exp.tasks.splits["train"], self.mesh), good)
@@ -259,14 +221,9 @@ class Runner:
         )
 
     def load(self, which: str = "best") -> Any:
-        """The run's saved meta-parameters (``best`` or ``latest``), or its untrained
-        initialisation (``init``, drawn from its seed; no checkpoint is read), for an
-        evaluation.
-
-        Without an intact ``best/`` checkpoint, the latest one is loaded instead, with a warning.
-        ``self.loaded`` says which: ``"best"``, ``"latest"`` or ``"init"``, and
-        ``self.loaded_step`` (0 for ``init``). Any other ``which`` is a ValueError.
-        """
+        """The run's ``best`` or ``latest`` meta-parameters, or its untrained ``init``, for an
+        evaluation; without an intact best, the latest (with a warning). ``self.loaded`` and
+        ``self.loaded_step`` say which was loaded."""
         if which not in ("best", "latest", "init"):
             raise ValueError(f"which={which!r}: choose best, latest or init")
         template, best_store, store = self.initial_state, self.best[0], self.checkpoints[0]
@@ -278,10 +235,10 @@ class Runner:
             if best is not None:
                 self.loaded, self.loaded_step = "best", int(best[1]["step"])
                 return best[0]
+            why = _why_none(best_store.directory, "validation off, or no validation yet")
             log.warning(
-                "no intact best-on-validation checkpoint in %s (%s): the latest is used",
-                best_store.directory,
-                _why_none(best_store.directory, "validation off, or no validation yet"),
+                f"no intact best-on-validation checkpoint in {best_store.directory} "
+                f"({why}): the latest is used"
             )
         latest = store.restore_intact(template)
         if latest is None:
@@ -301,16 +258,14 @@ class Runner:
 
 
 def device_memory_limit() -> int | None:
-    """The memory (bytes) of a device this process computes on, where the backend says (GPUs,
-    TPUs); None otherwise (a CPU)."""
+    """A device's memory in bytes, where the backend says (None on a CPU)."""
     stats = jax.devices()[0].memory_stats()
     return stats.get("bytes_limit") if stats else None
 
 
 def check_fits(compiled: Any, runs: int, limit: int | None) -> None:
-    """ValueError (one line) when the program of a group of ``runs`` runs needs more device
-    memory than ``limit`` bytes (XLA's estimate: arguments, outputs, temporaries), saying how
-    many runs would fit; nothing when the limit is unknown.
+    """ValueError when the program of ``runs`` runs needs more device memory than ``limit``
+    bytes (XLA's estimate), saying how many would fit.
 
     >>> class Program:
     ...     def memory_analysis(self):
@@ -340,18 +295,13 @@ def check_fits(compiled: Any, runs: int, limit: int | None) -> None:
 
 
 def _size(count: float) -> str:
-    """A number of bytes, in GiB, MiB or KiB."""
-    unit = next((u for u in ("GiB", "MiB") if count >= 2 ** {"GiB": 30, "MiB": 20}[u]), "KiB")
-    return f"{count / 2 ** {'GiB': 30, 'MiB': 20, 'KiB': 10}[unit]:.1f} {unit}"
-
-
-def json_float(x: float) -> float | None:
-    return None if not math.isfinite(x) else float(x)
+    units = ((30, "GiB"), (20, "MiB"))
+    power, unit = next(((p, u) for p, u in units if count >= 2**p), (10, "KiB"))
+    return f"{count / 2**power:.1f} {unit}"
 
 
 def average(pending: Sequence[tuple[int, dict]]) -> dict[str, Any]:
-    """Step-weighted mean (in float64) of the metrics of the calls since the last log line: a
-    float each, or for a group (metrics with a leading runs axis) an array of one per run."""
+    """Step-weighted float64 mean of ``(steps, metrics)`` pairs (an array per run for a group)."""
     total = sum(n for n, _ in pending)
     host = [(n, jax.device_get(m)) for n, m in pending]
     means = {k: sum(n * np.asarray(m[k], np.float64) for n, m in host) / total for k in host[0][1]}
@@ -359,7 +309,5 @@ def average(pending: Sequence[tuple[int, dict]]) -> dict[str, Any]:
 
 
 def _why_none(store: str, otherwise: str) -> str:
-    """Why a checkpoint store has no intact checkpoint: damaged ones moved to its
-    ``damaged/`` (the restore's warning named each), or ``otherwise``."""
     damaged = os.path.join(store, DAMAGED)
     return f"damaged ones were moved to {damaged}" if os.path.isdir(damaged) else otherwise

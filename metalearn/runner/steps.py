@@ -1,12 +1,5 @@
-"""The meta-training step, the evaluation step, and how tasks are batched per backend.
-
-:func:`make_meta_train_step` builds the one unit everything calls (the runner, the
-benchmarks, the tests, experiments/): ``meta_train_step(state, tasks) -> (state, metrics)``,
-one meta-update from an already-sampled meta-batch. :func:`make_meta_step` wraps sampling
-around it: tasks are sampled on the device inside the jitted function from the split arrays
-passed in as an argument; nothing crosses from host to device per step except the step counter
-in ``state``.
-"""
+"""The meta-training step (:func:`make_meta_train_step`, the one unit everything calls), its
+on-device task sampling (:func:`make_meta_step`), fusion, and the evaluation step."""
 
 from __future__ import annotations
 
@@ -55,8 +48,7 @@ def trained(state: TrainState) -> Trained:
 def sample_tasks(
     family: TaskFamily, split_arrays: PyTree, key: jax.Array, count: int, shots: int, mesh=None
 ):
-    """``count`` tasks from one key, stacked on a leading axis (see
-    :func:`sample_tasks_from_keys` for ``mesh``)."""
+    """``count`` tasks from one key, stacked on a leading axis."""
     keys = jax.random.split(key, count)
     return sample_tasks_from_keys(family, split_arrays, keys, shots, mesh)
 
@@ -64,13 +56,8 @@ def sample_tasks(
 def sample_tasks_from_keys(
     family: TaskFamily, split_arrays: PyTree, keys: jax.Array, shots: int, mesh=None
 ):
-    """One task per key, stacked on a leading axis; with a ``mesh``, split across its devices,
-    each sampling the tasks of its own share of ``keys``.
-
-    Sampled whole and then split, the sampling was partitioned by XLA's sharding propagation
-    into per-device random numbers gathered back (two all-gathers in every meta-step); here
-    the devices exchange nothing.
-    """
+    """One task per key, stacked on a leading axis; with a ``mesh``, each device samples its
+    own share of ``keys``, so that the devices exchange nothing."""
 
     def sample(arrays, task_keys):
         return jax.vmap(lambda k: family.sample(arrays, k, shots))(task_keys)
@@ -95,9 +82,8 @@ def init_train_state(
 
 
 def batch_update_strategy(strategy: str, mesh) -> str:
-    """How a learner's ``batch_update`` batches the tasks: ``strategy`` on one device; across
-    the devices of a ``mesh``, ``vmap``, which XLA partitions along the task axis the tasks are
-    split on."""
+    """How a learner's ``batch_update`` batches the tasks: across a ``mesh``'s devices ``vmap``,
+    which XLA partitions along the task axis."""
     return strategy if mesh is None else "vmap"
 
 
@@ -113,19 +99,12 @@ def make_meta_train_step(
     learning_rate: jax.Array | None = None,
 ) -> Callable[[TrainState, PyTree], tuple[TrainState, dict]]:
     """``meta_train_step(state, tasks) -> (state, metrics)``: one meta-update from an
-    already-sampled meta-batch (``tasks``: tasks stacked on a leading axis), not yet jitted.
+    already-sampled meta-batch, not yet jitted.
 
-    Each task gets its context: the state's integer step, ``meta_steps`` (the run's length),
-    the model state, its own key (``fold_in(key, step)`` split over the tasks) and ``hyper``,
-    the learner's hyperparameters as data (``MetaLearner.hyper``'s names; None: the values it
-    was built with). The tasks' meta-gradients, new model states and metrics are averaged; the
-    optax ``optimizer`` applies the mean gradient (with ``learning_rate=`` when given: a
-    :func:`~metalearn.runner.experiment.build_optimizer` takes its rate so). A learner with a
-    ``batch_update`` (MAML-RL's TRPO step) takes the whole meta-batch, its keys,
-    ``optimizer``, how to batch the tasks (:func:`batch_update_strategy`) and ``hyper``
-    instead. With a ``mesh`` each device
-    batches its share of the tasks with ``strategy`` (``jax.shard_map``) and the devices' means
-    are averaged (``pmean``).
+    The tasks' meta-gradients, model states and metrics are averaged and ``optimizer`` applies
+    the mean gradient; a learner's ``batch_update`` (TRPO) takes the whole meta-batch instead.
+    ``hyper``: the learner's hyperparameters as data (None: the values it was built with).
+    With a ``mesh`` each device batches its share of the tasks, and the means are averaged.
 
     >>> import jax, jax.numpy as jnp, optax
     >>> from metalearn.algorithms.maml import maml
@@ -146,7 +125,6 @@ def make_meta_train_step(
     """
 
     def task_mean(state: TrainState, tasks_and_keys: PyTree):
-        """The mean over these tasks of (meta-gradient, model state, metrics)."""
         total = jnp.asarray(meta_steps, jnp.int32)
 
         def one_task(task_and_key):
@@ -174,13 +152,13 @@ def make_meta_train_step(
                 batch_update_strategy(strategy, mesh),
                 hyper,
             )
-            new_state = TrainState(state.step + 1, meta_params, state.model_state, opt_state)
-            return constrain_replicated((new_state, metrics), mesh)
-        mean = task_mean if mesh is None else over_task_shards(task_mean, mesh, reduce=True)
-        grads, model_state, metrics = mean(state, (tasks, keys))
-        rate = {} if learning_rate is None else {"learning_rate": learning_rate}
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.meta_params, **rate)
-        meta_params = optax.apply_updates(state.meta_params, updates)
+            model_state = state.model_state
+        else:
+            mean = task_mean if mesh is None else over_task_shards(task_mean, mesh, reduce=True)
+            grads, model_state, metrics = mean(state, (tasks, keys))
+            rate = {} if learning_rate is None else {"learning_rate": learning_rate}
+            updates, opt_state = optimizer.update(grads, state.opt_state, state.meta_params, **rate)
+            meta_params = optax.apply_updates(state.meta_params, updates)
         new_state = TrainState(state.step + 1, meta_params, model_state, opt_state)
         return constrain_replicated((new_state, metrics), mesh)
 
@@ -188,8 +166,7 @@ def make_meta_train_step(
 
 
 def check_task_grad_output(returned: Any) -> None:
-    """ValueError (one line) unless a learner's ``task_grad`` returned ``(grads, Aux)`` (a bare
-    gradient ended in "too many values to unpack", naming nothing).
+    """ValueError unless a learner's ``task_grad`` returned ``(grads, Aux)``.
 
     >>> check_task_grad_output({"w": jnp.zeros(2)})
     Traceback (most recent call last):
@@ -213,9 +190,8 @@ def check_task_grad_output(returned: Any) -> None:
 
 
 def check_gradient_structure(grads: PyTree, meta_params: PyTree) -> None:
-    """ValueError (one line) unless a learner's ``task_grad`` returned one gradient of the
-    meta-parameter's shape per meta-parameter (the optimiser's error was optax's, naming
-    neither). Shapes are static: this costs nothing in the compiled step.
+    """ValueError unless ``grads`` has one gradient of each meta-parameter's shape (static:
+    free in the compiled step).
 
     >>> params = {"w": jnp.zeros((2, 3)), "b": jnp.zeros(3)}
     >>> check_gradient_structure({"w": jnp.zeros((2, 3))}, params)
@@ -251,13 +227,9 @@ def make_meta_step(
     shots: int,
     mesh=None,
 ) -> Callable[[TrainState, PyTree], tuple[TrainState, dict]]:
-    """``(state, train_arrays) -> (state, metrics)``: sample a meta-batch on the device, then
-    ``meta_train_step`` on it; not yet jitted.
-
-    The step's tasks come from ``fold_in(train_key, state.step)``, so a run resumed from any
-    checkpoint sees exactly the tasks an uninterrupted run would. With a ``mesh`` the tasks are
-    split across its devices (see :mod:`metalearn.runner.devices`).
-    """
+    """``(state, train_arrays) -> (state, metrics)``: sample a meta-batch on the device from
+    ``fold_in(train_key, state.step)`` (a resumed run sees the same tasks), then
+    ``meta_train_step`` on it; not yet jitted."""
 
     def meta_step(state: TrainState, train_arrays: PyTree):
         key = jax.random.fold_in(train_key, state.step)
@@ -268,14 +240,9 @@ def make_meta_step(
 
 
 def make_multi_step(meta_step: Callable, num_steps: int, runs_mesh=None, runs: bool = False):
-    """Jit ``num_steps`` meta-steps fused by ``lax.scan``; metrics averaged over them.
-
-    ``meta_step(state, train_arrays, *args)``: ``args`` (e.g. the run's keys and rates, a
-    :class:`~metalearn.runner.experiment.Hyper`) are arguments of the compiled program rather
-    than constants in it. With ``runs``, the state and the one argument ``hyper`` have a
-    leading runs axis (one entry per run, :func:`stack`) and the program runs every run
-    (``vmap``; with a ``runs_mesh``, each device its share of the runs): the data are shared.
-    """
+    """Jit ``num_steps`` of ``meta_step(state, train_arrays, *args)`` fused by ``lax.scan``,
+    metrics averaged. With ``runs``, the state and the one argument have a leading runs axis
+    (``vmap``, split over a ``runs_mesh``); the data are shared."""
 
     def run(state: TrainState, train_arrays: PyTree, *args):
         if num_steps == 1:
@@ -291,8 +258,7 @@ def make_multi_step(meta_step: Callable, num_steps: int, runs_mesh=None, runs: b
 
 
 def stack(trees: list[PyTree]) -> PyTree:
-    """Pytrees of the same structure (runs' states, keys and rates) stacked on a leading runs
-    axis.
+    """Pytrees of the same structure stacked on a leading runs axis.
 
     >>> stack([{"w": jnp.zeros(2)}, {"w": jnp.ones(2)}])["w"].shape
     (2, 2)
@@ -316,16 +282,9 @@ def make_eval_step(
     runs_mesh=None,
 ) -> Callable:
     """Jitted ``(trained, split_arrays, keys, shots, hyper=None) -> {metric: [len(keys),
-    len(steps)]}``.
-
-    ``trained`` is a :class:`Trained` (meta-parameters and model state). Each task is sampled
-    from its key; its model key is ``fold_in(key, 1)``. ``hyper``: the learner's
-    hyperparameters (``MetaLearner.hyper``'s names), arguments of the compiled step rather than
-    constants (None: the values it was built with). With a ``mesh`` on one host the results are
-    left split across its devices (read them with ``jax.device_get``). With ``runs``,
-    ``trained`` and ``hyper`` have a leading runs axis, and so do the results: every run is
-    evaluated on the same tasks (``vmap``; with a ``runs_mesh``, each device its runs).
-    """
+    len(steps)]}``: one task per key, its model key ``fold_in(key, 1)``. With a ``mesh`` on one
+    host the results stay split across its devices. With ``runs``, ``trained``, ``hyper`` and
+    the results have a leading runs axis, every run evaluated on the same tasks."""
 
     def evaluate(trained: Trained, split_arrays, keys, shots, hyper=None):
         def per_task(trained: Trained, batch_and_keys: PyTree):
@@ -342,8 +301,7 @@ def make_eval_step(
             return constrain_replicated(per_task(trained, (batch, model_keys)), mesh)
         batch, model_keys = shard_task_axis((batch, model_keys), mesh)
         results = over_task_shards(per_task, mesh, reduce=False)(trained, (batch, model_keys))
-        # left split across the devices (the host reads every shard) unless other hosts must
-        # read them too: no gather in the program
+        # no gather in the program unless other hosts must read the results too
         return results if jax.process_count() == 1 else constrain_replicated(results, mesh)
 
     if runs:
@@ -365,7 +323,7 @@ def all_finite(tree: PyTree) -> jax.Array:
 
 @jax.jit
 def all_equal(a: PyTree, b: PyTree) -> jax.Array:
-    """Whether two trees of the same structure hold the same values, leaf for leaf.
+    """Whether two trees of the same structure hold the same values.
 
     >>> bool(all_equal({"w": jnp.ones(2)}, {"w": jnp.ones(2)})), bool(
     ...     all_equal({"w": jnp.ones(2)}, {"w": jnp.zeros(2)}))
