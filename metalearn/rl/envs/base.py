@@ -40,7 +40,7 @@ ENVS: dict[str, Callable[[], Env]] = {}
 # n x n systems: a run on them asks XLA:CPU for serial LAPACK scheduling
 # (metalearn.runner.cpu_backend.schedule_lapack_calls_serially), and one on several XLA:CPU
 # devices is refused if a device would solve more at once than jaxlib runs inline
-# (metalearn.runner.experiment.lapack_batch_error).
+# (metalearn.runner.preflight.lapack_batch_error).
 BATCHED_LINALG_ENVS: dict[str, int] = {}
 
 
