@@ -34,7 +34,8 @@ class MetricsWriter:
             with open(self.path) as f:
                 lines = f.readlines()
             self._set_aside_unreadable(lines)
-            kept = [line for line in lines if _line_key(line)[0] <= resume_step]
+            # a readable last line whose newline was never written is kept, on a line of its own
+            kept = [line.rstrip("\n") + "\n" for line in lines if _line_key(line)[0] <= resume_step]
         self._keys = {_line_key(line) for line in kept}
         self._tb_dir = os.path.join(workdir, "tensorboard")
         self._file = self._tb = None

@@ -670,3 +670,16 @@ def test_an_unreadable_summary_is_kept_aside_when_a_rerun_writes_its_own(run_cop
     kept = run_copy / "summary.json.unreadable"
     assert kept.read_text() == '{"wall_seconds": 12.5, "earlier_proc'
     assert json.loads((run_copy / "summary.json").read_text())["earlier_processes"] == []
+
+
+def test_a_record_whose_newline_was_never_written_is_kept_on_its_own_line(tmp_path):
+    """A kill between a record's JSON and its newline leaves a readable last line: the resumed
+    writer keeps it, and the next record starts a line of its own."""
+    from metalearn.runner.reporting import MetricsWriter
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 1, "split": "train"}\n{"step": 2, "split": "train"}')
+    writer = MetricsWriter(str(tmp_path), resume_step=2)
+    writer.write({"step": 3, "split": "train"})
+    writer.close()
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2, 3]
