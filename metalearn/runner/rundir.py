@@ -100,8 +100,7 @@ class RunDirectory:
         path = os.path.join(self.path, "checkpoints", RECORD)
         history = []
         if os.path.exists(path):
-            with contextlib.suppress(OSError, ValueError):  # a damaged record: its history is lost
-                history = list(_read_record(path).get("changes", []))
+            history = _history(path)
             if self.changes:
                 steps = saved_steps(self.path)
                 history.append({"from_step": max(steps) if steps else 0, "changed": self.changes})
@@ -221,6 +220,18 @@ def _read_record(path: str) -> dict[str, Any]:
     return record
 
 
+def _history(path: str) -> list[dict[str, Any]]:
+    """The changes a config record lists; none when it is missing or damaged."""
+    try:
+        changes = _read_record(path).get("changes", [])
+    except (OSError, ValueError):
+        return []
+    readable = isinstance(changes, list) and all(
+        isinstance(c, dict) and isinstance(c.get("changed"), dict) for c in changes
+    )
+    return changes if readable else []
+
+
 def _stored_config(workdir: str) -> dict[str, Any] | None:
     """The flattened config of the run in ``workdir`` (None when it has none); RunDirectoryError
     when none can be read: a run whose config is unknown must not be resumed."""
@@ -284,11 +295,8 @@ def check_rerun(cfg: Config, workdir: str) -> dict[str, tuple[Any, Any]]:
             "Choose a new hydra.run.dir, or move those files away"
         )
     # Keys allowed before count too: the same command line's allow_changes may name a removed key.
-    try:
-        history = _read_record(os.path.join(workdir, "checkpoints", RECORD)).get("changes", [])
-        allowed_before = {key: None for entry in history for key in entry["changed"]}
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        allowed_before = {}  # an unreadable record
+    history = _history(os.path.join(workdir, "checkpoints", RECORD))
+    allowed_before = {key: None for entry in history for key in entry["changed"]}
     check_allowed_changes(cfg.trainer.allow_changes, new, stored, allowed_before)
     changed = differences(stored, new)
     refused = {k: v for k, v in changed.items() if not _matches(k, cfg.trainer.allow_changes)}

@@ -263,6 +263,17 @@ def test_an_allowed_change_resumes_and_is_recorded(run_copy):
     assert record["changes"] == [{"from_step": 4, "changed": {"trainer.meta_steps": [4, 6]}}]
 
 
+@pytest.mark.parametrize("changes", [5, [3], [{"from_step": 2}]])
+def test_a_damaged_history_of_changes_is_dropped_not_fatal(run_copy, changes):
+    # A TypeError escaped from recording a resumed run whose record listed changes as a number.
+    path = run_copy / "checkpoints" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "changes": changes}))
+    result = train(run_copy, "trainer.meta_steps=6", "trainer.allow_changes=[trainer.meta_steps]")
+    assert result.returncode == 0, result.stderr
+    record = json.loads(path.read_text())
+    assert record["changes"] == [{"from_step": 4, "changed": {"trainer.meta_steps": [4, 6]}}]
+
+
 def test_unreadable_metrics_lines_are_set_aside_with_a_warning(run_copy):
     # A damaged line inside metrics.jsonl was deleted silently on resume.
     metrics = run_copy / "metrics.jsonl"
