@@ -12,13 +12,14 @@ vectorization"; smaller chunks only trade speed for memory), an ``InnerSGD`` inn
 the case's rate with ``learn_lr=False`` (plain MAML, not Meta-SGD) and ``first_order`` for
 first-order MAML, Adam outside, no label encoder (the sampled labels are already 0..N-1).
 
-The networks are ``bench_torch``'s, the same modules as the other PyTorch peers, split as its
-``MAML_Model`` wants them (a backbone and a head, whose ``forward`` take its keyword flags). Its
-own ``BatchNorm`` with ``track_running_stats=False`` computes what ``TorchConv4``'s
-``F.batch_norm`` does (the current batch's mean and biased variance), so our batch-norm
-convention is expressible; so is every case of the table (MAML and FOMAML with 1 or 5 SGD
-steps). The sinusoid's regression loss is a ``BaseLoss`` subclass, its documented way to a loss
-it does not ship (it has cross-entropy only).
+The networks are ``bench_torch``'s, split as its ``MAML_Model`` wants them (a backbone and a
+head, whose ``forward`` take its keyword flags), with Conv4's batch norm its own ``BatchNorm``
+layer (what its ``ModelTranslator`` puts in place of ``nn.BatchNorm2d``) with
+``track_running_stats=False``: the current batch's mean and biased variance, as tensor
+operations, each task's own under its ``vmap`` (our batch-norm convention, expressible). So is
+every case of the table (MAML and FOMAML with 1 or 5 SGD steps). The sinusoid's regression loss
+is a ``BaseLoss`` subclass, its documented way to a loss it does not ship (it has cross-entropy
+only).
 
     PYTHON_PML scripts/bench_pml.py --row SPEC          # one timed row, JSON on stdout
     PYTHON_PML scripts/bench_pml.py --grad-check IN OUT # the float64 meta-gradient (tests)
@@ -37,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from bench_torch import TorchConv4, setup, sinusoid_mlp, time_steps
+from bench_torch import BN_EPS, TorchConv4, setup, sinusoid_mlp, time_steps
 from torch import nn
 
 
@@ -75,6 +76,37 @@ class Keywords(nn.Module):
         return self.module(x)
 
 
+class Conv4Backbone(nn.Module):
+    """``net`` (a ``TorchConv4``) less its head and norms, normalised by parallel-metalearn's
+    ``BatchNorm`` instead."""
+
+    def __init__(self, net: TorchConv4):
+        super().__init__()
+        norm = importlib.import_module("metalearn.nn_models.basic_layers.BatchNormalization")
+        filters = net.head.in_features
+        del net.head, net.scales, net.biases
+        self.net = net
+        self.norms = nn.ModuleList(
+            norm.BatchNorm(filters, eps=BN_EPS, track_running_stats=False) for _ in range(4)
+        )
+
+    def forward(self, x: torch.Tensor, **flags) -> torch.Tensor:
+        for i, norm in enumerate(self.norms):
+            x = F.relu(norm(self.net.conv(i, x), **flags))
+        return x.mean(dim=(2, 3))
+
+
+def torch_order(spec: dict[str, Any], model: nn.Module) -> list[nn.Parameter]:
+    """The MAML_Model's parameters in ``TorchConv4``'s (or ``sinusoid_mlp``'s) order."""
+    if spec["kind"] == "sinusoid":
+        return list(model.parameters())
+    backbone = model.backbone
+    convs = [p for conv in backbone.net.convs for p in (conv.weight, conv.bias)]
+    scales = [norm.weight for norm in backbone.norms]
+    biases = [norm.bias for norm in backbone.norms]
+    return convs + scales + biases + list(model.head.parameters())
+
+
 def pml_model(spec: dict[str, Any], padding: str = "torch"):
     """(MAML_Model, loss) for ``spec``: bench_torch's network, its head split off."""
     MAML, InnerSGD, BaseLoss, CategoricalAccuracy, CrossEntropy, MAML_Model = import_pml()
@@ -90,8 +122,9 @@ def pml_model(spec: dict[str, Any], padding: str = "torch"):
         loss = MSE()
     else:
         net = TorchConv4(spec["ways"], padding=padding)
-        head, net.head = net.head, nn.Identity()
+        head = net.head
         loss = CrossEntropy(metric_fn=CategoricalAccuracy())
+        return MAML_Model(backbone=Conv4Backbone(net), head=Keywords(head)), loss
     return MAML_Model(backbone=Keywords(net), head=Keywords(head)), loss
 
 
@@ -104,7 +137,11 @@ def pml_algorithm(spec: dict[str, Any], model, loss, device, outer: type = torch
         max_inner_steps=max(spec["inner_steps"], 1),
         learn_lr=False,
     )
-    inner.to(dtype=next(model.parameters()).dtype)  # its rate a float64 in the float64 check
+    # Its rate is made in float32; in the float64 check it must be the rate itself in float64.
+    inner.to(dtype=next(model.parameters()).dtype)
+    with torch.no_grad():
+        for rate in inner.parameters():
+            rate.fill_(spec["inner_lr"])
     return MAML(
         model=model,
         optimizer=outer(model.parameters(), lr=spec["outer_lr"]),
@@ -154,7 +191,8 @@ def grad_check(source: str, target: str) -> None:
     spec = json.loads(str(data["spec"]))
     model, loss = pml_model(spec, padding="same")
     model = model.double()
-    params = list(model.parameters())
+    params = torch_order(spec, model)
+    assert len(params) == len(list(model.parameters()))
     weights = [data[f"w{i}"] for i in range(len(params))]
     with torch.no_grad():
         for p, w in zip(params, weights, strict=True):
