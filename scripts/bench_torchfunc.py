@@ -103,6 +103,8 @@ def run_torchfunc(spec: dict[str, Any]) -> dict[str, Any]:
         return row
     from torch._dynamo.utils import counters
 
+    torch._dynamo.reset()  # this configuration's compilation and counts alone (--no-isolate)
+    counters.clear()
     try:
         row = time_steps(spec, step)
     except Exception as error:  # a transform or a double backward torch.compile cannot take
