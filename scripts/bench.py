@@ -30,8 +30,9 @@ Cases (Finn et al. 2017):
 The outer optimiser is Adam 1e-3 everywhere. metalearn's side is the runner's jitted meta-step
 (``make_meta_step`` + ``make_multi_step`` on the registered model and algorithm), with the
 task batching the runner would pick (``--batching auto``) or the ones named. ``higher`` loops
-over the tasks as it must (``batching: loop``). Each configuration runs in a fresh process
-(``--no-isolate`` runs them in this one), so compile times and peak memory are its own.
+over the tasks as it must (``batching: loop``); the other peers ``vmap`` over them. Each
+configuration runs in a fresh process (``--no-isolate`` runs them in this one, except
+parallel-metalearn's), so compile times and peak memory are its own.
 
 ``--remat-sweep`` measures metalearn's peak memory and step time against the number of inner
 steps (default 1, 5, 10, 20) with and without rematerialisation (``algorithm.remat``).
@@ -39,7 +40,7 @@ steps (default 1, 5, 10, 20) with and without rematerialisation (``algorithm.rem
 Peak memory (``peak_mem_kind`` says which): on a GPU, the device's ``peak_bytes_in_use`` and
 ``torch.cuda.max_memory_allocated``; on CPU, the compiled XLA program's memory analysis
 (temp + arguments + outputs, less donated buffers) for metalearn, the growth of the process's
-peak RSS for higher (``rss_peak_delta_mb`` is reported for both).
+peak RSS for the PyTorch peers (``rss_peak_delta_mb`` is reported for all).
 """
 
 from __future__ import annotations
