@@ -60,8 +60,8 @@ class TorchConv4(nn.Module):
     ``norm="native"`` normalises with ``F.batch_norm`` (higher's peer); ``"explicit"`` with
     the same mean and biased variance written as tensor operations (:func:`batch_stat_norm`),
     for ``torch.func.vmap``: under ``vmap`` the native operator's second-order gradient is
-    wrong in PyTorch 2.13 (a meta-gradient 10% off metalearn's and higher's in float64, both of
-    which agree to 5e-15; exact without ``vmap``), the explicit form is exact
+    wrong in PyTorch 2.13 (a meta-gradient 7-11% off metalearn's and higher's in float64, both of
+    which agree to 1e-14; exact without ``vmap``), the explicit form is exact
     (tests/scripts/test_bench_torchfunc.py).
     """
 

@@ -18,8 +18,8 @@ buffers and no state written back. Under ``vmap`` the batch a task's call sees i
 own set (support and query separately, as metalearn's ``BatchStatNorm`` does). The example's
 ``nn.BatchNorm2d(track_running_stats=False)`` (``F.batch_norm`` with no buffers, which ``vmap``
 batches by its own rule) gives a wrong second-order meta-gradient under ``vmap`` in PyTorch
-2.13: 10% off metalearn's in float64 on Conv4 5-way 1-shot, where higher's, with the same
-operator and no ``vmap``, agrees with metalearn's to 5e-15; without ``vmap``, ``grad`` of it is
+2.13: 7-11% off metalearn's in float64 on Conv4 5-way 1-shot, where higher's, with the same
+operator and no ``vmap``, agrees with metalearn's to 1e-14; without ``vmap``, ``grad`` of it is
 exact too. The explicit form is exact under ``vmap`` (tests/scripts/test_bench_torchfunc.py),
 and costs the same arithmetic. (Running averages could not be used anyway: ``vmap`` refuses the
 in-place update of a buffer the tasks share.)
