@@ -47,7 +47,14 @@ def check_row(row: dict, impl: str) -> None:
         25,
         10,
     )
-    assert row["ms_per_step"] > 0 and row["compile_s"] >= 0 and row["peak_mem_mb"] > 0
+    assert row["ms_per_step"] > 0 and row["compile_s"] >= 0
+    # The growth of this process's peak RSS is zero where an earlier test in it peaked higher
+    # (these rows run in the test's process); every other memory kind is measured for the row.
+    assert (
+        row["peak_mem_mb"] >= 0
+        if row["peak_mem_kind"] == "rss_peak_delta"
+        else row["peak_mem_mb"] > 0
+    )
 
 
 def test_metalearn_sinusoid_rows(bench, tmp_path, capsys):
