@@ -75,7 +75,7 @@ def test_torchfunc_meta_gradient_equals_metalearns(bench, case, order, inner_ste
 
 
 # Inductor compiles a Conv4 step for one to several minutes on two cores (second order, one inner
-# step: 146 s in float64; once 27 min on a loaded machine): those run with --runslow.
+# step: 146 s in float64; once unfinished after 27 min on a loaded machine): run with --runslow.
 COMPILED = [
     pytest.param(*check, marks=pytest.mark.slow) if check[0] != "sinusoid" else check
     for check in CHECKS
