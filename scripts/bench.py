@@ -1,11 +1,23 @@
-"""Meta-step benchmark: metalearn against the PyTorch library ``higher`` on the same shapes.
+"""Meta-step benchmark: metalearn against its PyTorch peers on the same shapes.
 
     python scripts/bench.py --case omniglot_5w1s,omniglot_20w1s,sinusoid \\
         --impl metalearn,higher --json experiments/benchmarks/cpu.jsonl
 
 For each case and each (inner steps, order) it reports milliseconds per meta-step (the median
 of ``--steps`` timed steps after ``--warmup`` untimed ones), compile seconds and peak memory,
-prints a table with the ratio higher ms / metalearn ms, and writes one JSON object per line.
+prints a table with the ratio peer ms / metalearn ms, and writes one JSON object per line.
+
+Peers (``--impl``; each an optional extra, none needed by metalearn):
+
+- ``higher``: the archived library's MAML example, one task at a time (``bench_higher``);
+- ``torchfunc``: ``torch.func`` (``functional_call``, ``grad``, ``vmap`` over tasks) as
+  PyTorch's functorch MAML-Omniglot example writes it; ``torchfunc_compile``: the same under
+  ``torch.compile`` (``bench_torchfunc``);
+- ``parallel_metalearn``: the parallel-metalearn library (PyPI, a vmapped MAML on torch.func),
+  run with ``--pml-python`` (default ``$BENCH_PML_PYTHON``), the interpreter of an environment
+  of its own: its top-level package is named ``metalearn`` too (``bench_pml``).
+
+A peer that cannot express a case writes its row with ``unsupported`` (one line: why).
 
 Cases (Finn et al. 2017):
 
@@ -18,8 +30,9 @@ Cases (Finn et al. 2017):
 The outer optimiser is Adam 1e-3 everywhere. metalearn's side is the runner's jitted meta-step
 (``make_meta_step`` + ``make_multi_step`` on the registered model and algorithm), with the
 task batching the runner would pick (``--batching auto``) or the ones named. ``higher`` loops
-over the tasks as it must (``batching: loop``). Each configuration runs in a fresh process
-(``--no-isolate`` runs them in this one), so compile times and peak memory are its own.
+over the tasks as it must (``batching: loop``); the other peers ``vmap`` over them. Each
+configuration runs in a fresh process (``--no-isolate`` runs them in this one, except
+parallel-metalearn's), so compile times and peak memory are its own.
 
 ``--remat-sweep`` measures metalearn's peak memory and step time against the number of inner
 steps (default 1, 5, 10, 20) with and without rematerialisation (``algorithm.remat``).
@@ -27,7 +40,7 @@ steps (default 1, 5, 10, 20) with and without rematerialisation (``algorithm.rem
 Peak memory (``peak_mem_kind`` says which): on a GPU, the device's ``peak_bytes_in_use`` and
 ``torch.cuda.max_memory_allocated``; on CPU, the compiled XLA program's memory analysis
 (temp + arguments + outputs, less donated buffers) for metalearn, the growth of the process's
-peak RSS for higher (``rss_peak_delta_mb`` is reported for both).
+peak RSS for the PyTorch peers (``rss_peak_delta_mb`` is reported for all).
 """
 
 from __future__ import annotations
@@ -74,7 +87,10 @@ CASES: dict[str, dict[str, Any]] = {
         orders=("second",),
     ),
 }
-IMPLS = ("metalearn", "higher")
+IMPLS = ("metalearn", "higher", "torchfunc", "torchfunc_compile", "parallel_metalearn")
+DEFAULT_IMPLS = ("metalearn", "higher")  # the others need more than the bench extra
+PEER_BATCHING = {"higher": "loop", "torchfunc": "vmap", "torchfunc_compile": "vmap"}
+PEER_BATCHING["parallel_metalearn"] = "vmap"
 REMAT_SWEEP_STEPS = (1, 5, 10, 20)
 
 
@@ -85,7 +101,13 @@ def csv_list(text: str) -> list[str]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--case", type=csv_list, default=list(CASES), help=", ".join(CASES))
-    p.add_argument("--impl", type=csv_list, default=list(IMPLS), help="metalearn,higher")
+    p.add_argument("--impl", type=csv_list, default=list(DEFAULT_IMPLS), help=", ".join(IMPLS))
+    p.add_argument(
+        "--pml-python",
+        default=os.environ.get("BENCH_PML_PYTHON"),
+        help="parallel_metalearn: the Python of the environment parallel-metalearn is installed "
+        "in (default $BENCH_PML_PYTHON)",
+    )
     p.add_argument("--json", metavar="OUT", help="write one JSON object per line here")
     p.add_argument("--append", action="store_true", help="append to --json instead of replacing")
     p.add_argument("--steps", type=int, default=10, help="timed meta-steps (median reported)")
@@ -140,7 +162,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="metalearn only: memory vs inner steps (default 1,5,10,20), remat off and on",
     )
     p.add_argument(
-        "--torch-threads", type=int, help="higher: torch threads (default: the cores usable)"
+        "--torch-threads",
+        type=int,
+        help="PyTorch peers: torch threads (default: the cores usable)",
     )
     p.add_argument(
         "--compile-cache",
@@ -172,6 +196,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for impl in args.impl:
         if impl not in IMPLS:
             p.error(f"unknown impl {impl!r}; known: {', '.join(IMPLS)}")
+    if "parallel_metalearn" in args.impl and not args.markdown:
+        python = args.pml_python
+        if not python:
+            p.error(
+                "--impl parallel_metalearn needs --pml-python PATH (or $BENCH_PML_PYTHON): the "
+                "Python of an environment with parallel-metalearn==0.5.6, apart from this one"
+            )
+        if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+            p.error(f"--pml-python {python}: no such interpreter")
     for order in args.order or []:
         if order not in ("second", "first"):
             p.error(f"--order takes second,first; got {order!r}")
@@ -202,7 +235,7 @@ def make_specs(args: argparse.Namespace) -> list[dict[str, Any]]:
         for steps in inner_steps:
             for order in orders:
                 for impl in impls:
-                    batchings = args.batching if impl == "metalearn" else ["loop"]
+                    batchings = args.batching if impl == "metalearn" else [PEER_BATCHING[impl]]
                     convs = (
                         args.conv if impl == "metalearn" and case["kind"] != "sinusoid" else ["-"]
                     )
@@ -229,6 +262,8 @@ def make_specs(args: argparse.Namespace) -> list[dict[str, Any]]:
                                 compile_cache=args.compile_cache,
                                 inner_unroll=args.inner_unroll,
                             )
+                            if impl == "parallel_metalearn":
+                                base["pml_python"] = args.pml_python
                             specs.append(base)
     return specs
 
@@ -248,10 +283,16 @@ def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
         finally:
             jax.config.update("jax_enable_compilation_cache", cached)
         result["jax_version"] = jax.__version__
-    else:
+    elif spec["impl"] == "higher":
         from bench_higher import run_higher
 
         result = run_higher(spec)
+    elif spec["impl"] in ("torchfunc", "torchfunc_compile"):
+        from bench_torchfunc import run_torchfunc
+
+        result = run_torchfunc(spec)
+    else:
+        result = run_pml_process(spec)
     keep = ("case", "impl", "kind", "inner_steps", "order", "meta_batch", "ways", "shots")
     row = {k: spec[k] for k in keep}
     row.update(queries=spec["queries"], remat=spec["remat"], conv=spec.get("conv", "-"))
@@ -264,6 +305,25 @@ def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
     row["xla_flags"] = os.environ.get("XLA_FLAGS", "")
     row["host"] = f"{platform.machine()} {os.cpu_count()} cpus"
     return row
+
+
+def run_pml_process(spec: dict[str, Any]) -> dict[str, Any]:
+    """parallel-metalearn's row, measured by ``bench_pml.py`` under ``spec["pml_python"]``,
+    always in a process of its own: without ``PYTHONPATH`` (which may hold this checkout), so
+    the ``metalearn`` it imports is parallel-metalearn's, not ours."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_pml.py")
+    proc = subprocess.run(
+        [spec["pml_python"], script, "--row", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-15:]
+        return {"batching": "vmap", "error": f"exit {proc.returncode}: " + " | ".join(tail)}
+    return json.loads(lines[-1])
 
 
 def measure_ceiling(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -344,15 +404,16 @@ def fmt(value: Any, digits: int = 1) -> str:
 
 
 def print_table(rows: list[dict[str, Any]], out=None) -> None:
-    """A fixed-width table; ``ratio`` = higher ms / metalearn ms for the same configuration."""
+    """A fixed-width table; on a peer's row, ``ratio`` = its ms / metalearn's ms for the same
+    configuration (metalearn's fastest row of it)."""
     out = out or sys.stdout
-    higher_ms = {
-        (r["case"], r["inner_steps"], r["order"]): r.get("ms_per_step")
-        for r in rows
-        if r["impl"] == "higher"
-    }
+    metalearn_ms: dict[tuple, float] = {}
+    for r in rows:
+        key = (r["case"], r["inner_steps"], r["order"])
+        if r["impl"] == "metalearn" and r.get("ms_per_step"):
+            metalearn_ms[key] = min(r["ms_per_step"], metalearn_ms.get(key, float("inf")))
     header = (
-        f"{'case':<15} {'impl':<9} {'batch':<6} {'conv':<6} {'dev':>3} {'k':>2} {'order':<6} "
+        f"{'case':<15} {'impl':<18} {'batch':<6} {'conv':<6} {'dev':>3} {'k':>2} {'order':<6} "
         f"{'remat':<5} "
         f"{'ms/step':>9} {'min ms':>9} {'cpu ms':>9} {'compile s':>9} {'peak MB':>8} "
         f"{'mem kind':<12} {'GFLOP/s':>7} {'ratio':>7} {'load':>5}"
@@ -361,17 +422,21 @@ def print_table(rows: list[dict[str, Any]], out=None) -> None:
     print("-" * len(header), file=out)
     for r in rows:
         if "error" in r:
-            print(f"{r['case']:<15} {r['impl']:<9} ERROR {r['error'][:200]}", file=out)
+            print(f"{r['case']:<15} {r['impl']:<18} ERROR {r['error'][:200]}", file=out)
+            continue
+        if r.get("unsupported"):
+            label = f"{r['case']:<15} {r['impl']:<18} k={r['inner_steps']} {r['order']}"
+            print(f"{label} UNSUPPORTED {r['unsupported'][:200]}", file=out)
             continue
         ratio = None
-        ref = higher_ms.get((r["case"], r["inner_steps"], r["order"]))
-        if r["impl"] == "metalearn" and ref and r.get("ms_per_step"):
-            ratio = ref / r["ms_per_step"]
+        ref = metalearn_ms.get((r["case"], r["inner_steps"], r["order"]))
+        if r["impl"] != "metalearn" and ref and r.get("ms_per_step"):
+            ratio = r["ms_per_step"] / ref
         kind = {"xla_memory_analysis": "xla-program", "rss_peak_delta": "rss-delta"}.get(
             r.get("peak_mem_kind"), r.get("peak_mem_kind", "-")[:12]
         )
         print(
-            f"{r['case']:<15} {r['impl']:<9} {r['batching']:<6} {r.get('conv', '-'):<6} "
+            f"{r['case']:<15} {r['impl']:<18} {r['batching']:<6} {r.get('conv', '-'):<6} "
             f"{fmt(r.get('num_devices')):>3} {r['inner_steps']:>2} "
             f"{r['order']:<6} {str(r['remat']):<5} {fmt(r.get('ms_per_step'), 2):>9} "
             f"{fmt(r.get('ms_min'), 2):>9} {fmt(r.get('cpu_ms_per_step'), 1):>9} "
@@ -380,7 +445,7 @@ def print_table(rows: list[dict[str, Any]], out=None) -> None:
             file=out,
         )
     print(
-        "ratio = higher ms/step / metalearn ms/step (medians; > 1: metalearn faster); "
+        "ratio = peer ms/step / metalearn ms/step (medians; > 1: metalearn faster); "
         "cpu ms = process CPU time per step (all threads); load = 1-min load average",
         file=out,
     )
@@ -409,6 +474,7 @@ MARKDOWN_COLUMNS = [
     ("rss_peak_delta_mb", "RSS delta MB"),
     ("torch_threads", "torch threads"),
     ("load_1m", "load"),
+    ("unsupported", "unsupported"),
 ]
 
 
@@ -494,10 +560,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 f"{spec['order']} remat={spec['remat']}"
             )
             print(f"... {label}", file=sys.stderr, flush=True)
-            runs = [
-                run_spec(spec) if args.no_isolate else run_isolated(spec)
-                for _ in range(args.repeat)
-            ]
+            # parallel-metalearn's rows run in a process of its own environment either way
+            here = args.no_isolate or spec["impl"] == "parallel_metalearn"
+            runs = [run_spec(spec) if here else run_isolated(spec) for _ in range(args.repeat)]
             row = merge_repeats(runs)
             rows.append(row)
             if out:

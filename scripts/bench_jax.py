@@ -16,21 +16,13 @@ process's peak-RSS growth during the run reported beside it.
 
 from __future__ import annotations
 
-import resource
 import statistics
 import time
 from typing import Any, NamedTuple
 
 import jax
 import numpy as np
-
-MB = 1024.0 * 1024.0
-OMNIGLOT_TRAIN_SHAPE = (4112, 20, 28, 28, 1)  # 1028 characters x 4 rotations, 20 drawings
-
-
-def rss_peak_mb() -> float:
-    """The process's peak resident set size so far (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+from bench_common import MB, OMNIGLOT_TRAIN_SHAPE, rss_peak_mb
 
 
 def random_omniglot_tasks(ways: int, num_queries: int, seed: int = 0):

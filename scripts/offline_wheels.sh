@@ -5,6 +5,7 @@
 # torch and the common scientific stack. Run here (with internet), then carry DIR there:
 #   bash scripts/offline_wheels.sh .whl 3.12      # DIR, the target machine's Python version
 #   source scripts/offline_setup.sh .whl          # there: installs into /tmp/site, sets paths
+#                                                 # (and parallel-metalearn into /tmp/venv-pml)
 # The versions are the ones that ran on a lent H200 (jax 0.11.2, Python 3.12) on 2026-11-27.
 set -euo pipefail
 dir=${1:-.whl}
@@ -24,4 +25,11 @@ python3 -m pip download --quiet --no-deps --only-binary=:all: --implementation c
   --python-version "$python_version" "${platforms[@]}" -d "$dir" "${binary[@]}"
 # Published as source only: pure Python, so a wheel built here installs anywhere.
 python3 -m pip wheel --quiet --no-deps -w "$dir" antlr4-python3-runtime==4.9.3 promise==2.3
+# parallel-metalearn, scripts/bench.py's peer, kept apart in DIR/pml: its top-level package is
+# named metalearn, like ours, so offline_setup.sh installs it into an environment of its own.
+# Beyond torch it needs numpy>=2 (the machine's, which jax needs too) and tqdm (carried).
+mkdir -p "$dir/pml"
+python3 -m pip download --quiet --no-deps --only-binary=:all: --implementation cp \
+  --python-version "$python_version" "${platforms[@]}" -d "$dir/pml" \
+  parallel-metalearn==0.5.6 tqdm==4.70.1
 du -sh "$dir"

@@ -47,7 +47,14 @@ def check_row(row: dict, impl: str) -> None:
         25,
         10,
     )
-    assert row["ms_per_step"] > 0 and row["compile_s"] >= 0 and row["peak_mem_mb"] > 0
+    assert row["ms_per_step"] > 0 and row["compile_s"] >= 0
+    # The growth of this process's peak RSS is zero where an earlier test in it peaked higher
+    # (these rows run in the test's process); every other memory kind is measured for the row.
+    assert (
+        row["peak_mem_mb"] >= 0
+        if row["peak_mem_kind"] == "rss_peak_delta"
+        else row["peak_mem_mb"] > 0
+    )
 
 
 def test_metalearn_sinusoid_rows(bench, tmp_path, capsys):
@@ -106,6 +113,44 @@ def test_higher_sinusoid_rows(bench, tmp_path):
         "rss_peak_delta",
         "cuda_max_memory_allocated_minus_baseline",
     )
+
+
+HIGHER_CHECKS = [
+    ("sinusoid", "second", 1),
+    ("sinusoid", "first", 1),
+    ("omniglot_5w1s", "second", 1),
+    ("omniglot_5w1s", "first", 1),
+]
+
+
+@pytest.mark.skipif(not HAVE_HIGHER, reason=NO_HIGHER)
+@pytest.mark.parametrize(("case", "order", "inner_steps"), HIGHER_CHECKS)
+def test_higher_meta_gradient_equals_metalearns(bench, case, order, inner_steps):
+    """higher's step takes metalearn's meta-step: the gradient in ``.grad`` when its Adam steps
+    equals metalearn's in float64 on the same weights and tasks (tests/scripts/peer_checks)."""
+    import torch
+    import torch.nn.functional as F
+    from bench_higher import TorchConv4, make_step, sinusoid_mlp
+
+    from tests.scripts import peer_checks
+
+    spec = peer_checks.spec_for(bench, case, order, inner_steps, meta_batch=4)
+    weights, batch = problem = peer_checks.random_problem(spec)
+    torch.set_num_threads(1)
+    if spec["kind"] == "sinusoid":
+        model, loss_fn = sinusoid_mlp().double(), F.mse_loss
+    else:
+        model, loss_fn = TorchConv4(spec["ways"], padding="same").double(), F.cross_entropy
+    params = list(model.parameters())
+    with torch.no_grad():
+        for p, w in zip(params, weights, strict=True):
+            p.copy_(torch.from_numpy(w))
+            p.grad = torch.zeros_like(p)
+    data = {k: torch.from_numpy(v) for k, v in batch.items()}
+    make_step(spec, model, lambda: ((data["xs"], data["ys"]), (data["xq"], data["yq"])), loss_fn)()
+    mine = [p.grad.numpy() for p in params]
+    reference = peer_checks.metalearn_meta_gradient(spec, problem)
+    assert peer_checks.max_relative_difference(mine, reference) < 1e-8
 
 
 def test_specs_cover_the_grid(bench):
