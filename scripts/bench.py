@@ -311,19 +311,9 @@ def run_pml_process(spec: dict[str, Any]) -> dict[str, Any]:
     """parallel-metalearn's row, measured by ``bench_pml.py`` under ``spec["pml_python"]``,
     always in a process of its own: without ``PYTHONPATH`` (which may hold this checkout), so
     the ``metalearn`` it imports is parallel-metalearn's, not ours."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_pml.py")
-    proc = subprocess.run(
-        [spec["pml_python"], script, "--row", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-15:]
-        return {"batching": "vmap", "error": f"exit {proc.returncode}: " + " | ".join(tail)}
-    return json.loads(lines[-1])
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return run_isolated(spec, script, python=spec["pml_python"], env=env)
 
 
 def measure_ceiling(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -352,15 +342,20 @@ def measure_ceiling(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def run_isolated(spec: dict[str, Any], script: str = __file__) -> dict[str, Any]:
+def run_isolated(
+    spec: dict[str, Any],
+    script: str = __file__,
+    python: str = sys.executable,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Run one configuration in a child process (fresh compile caches and memory peaks):
-    ``script --row SPEC``, whose last JSON line on stdout is the row (``scripts/bench_rl.py``
-    runs its rows through this too)."""
-    env = dict(os.environ)
+    ``python script --row SPEC``, whose last JSON line on stdout is the row
+    (``scripts/bench_rl.py`` and the parallel-metalearn peer run their rows through this too)."""
+    env = dict(os.environ if env is None else env)
     if not spec.get("compile_cache"):
         env.pop("JAX_COMPILATION_CACHE_DIR", None)
     proc = subprocess.run(
-        [sys.executable, os.path.abspath(script), "--row", json.dumps(spec)],
+        [python, os.path.abspath(script), "--row", json.dumps(spec)],
         capture_output=True,
         text=True,
         env=env,

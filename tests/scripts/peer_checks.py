@@ -18,6 +18,16 @@ import numpy as np
 Problem = tuple[list[np.ndarray], dict[str, np.ndarray]]
 
 
+# (case, order, inner steps) of the float64 checks of every peer
+CHECKS = [
+    ("sinusoid", "second", 1),
+    ("sinusoid", "first", 1),
+    ("omniglot_5w1s", "second", 1),
+    ("omniglot_5w1s", "first", 1),
+    ("omniglot_5w1s", "second", 5),
+]
+
+
 def spec_for(bench, case: str, order: str, inner_steps: int, meta_batch: int) -> dict[str, Any]:
     """The spec ``bench.py`` would time for this configuration (metalearn's side of it)."""
     argv = ["--case", case, "--impl", "metalearn", "--order", order]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli import checkout_env
+from tests.scripts import peer_checks
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 FIELDS = {
@@ -115,12 +116,7 @@ def test_higher_sinusoid_rows(bench, tmp_path):
     )
 
 
-HIGHER_CHECKS = [
-    ("sinusoid", "second", 1),
-    ("sinusoid", "first", 1),
-    ("omniglot_5w1s", "second", 1),
-    ("omniglot_5w1s", "first", 1),
-]
+HIGHER_CHECKS = [check for check in peer_checks.CHECKS if check[2] == 1]
 
 
 @pytest.mark.skipif(not HAVE_HIGHER, reason=NO_HIGHER)
@@ -131,8 +127,6 @@ def test_higher_meta_gradient_equals_metalearns(bench, case, order, inner_steps)
     import torch
     import torch.nn.functional as F
     from bench_higher import TorchConv4, make_step, sinusoid_mlp
-
-    from tests.scripts import peer_checks
 
     spec = peer_checks.spec_for(bench, case, order, inner_steps, meta_batch=4)
     weights, batch = problem = peer_checks.random_problem(spec)

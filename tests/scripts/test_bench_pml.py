@@ -58,13 +58,7 @@ def pml_meta_gradient(spec, problem, tmp_path) -> list[np.ndarray]:
     return [out[f"arr_{i}"] for i in range(len(weights))]
 
 
-CHECKS = [
-    ("sinusoid", "second", 1),
-    ("sinusoid", "first", 1),
-    ("omniglot_5w1s", "second", 1),
-    ("omniglot_5w1s", "first", 1),
-    ("omniglot_5w1s", "second", 5),
-]
+CHECKS = peer_checks.CHECKS
 
 
 @needs_pml

@@ -56,38 +56,23 @@ def torchfunc_meta_gradient(spec, problem, *, compile: bool) -> list[np.ndarray]
     return [p.grad.numpy() for p in params]
 
 
-CHECKS = [
-    ("sinusoid", "second", 1),
-    ("sinusoid", "first", 1),
-    ("omniglot_5w1s", "second", 1),
-    ("omniglot_5w1s", "first", 1),
-    ("omniglot_5w1s", "second", 5),
-]
-
-
-@pytest.mark.parametrize(("case", "order", "inner_steps"), CHECKS)
-def test_torchfunc_meta_gradient_equals_metalearns(bench, case, order, inner_steps):
-    spec = peer_checks.spec_for(bench, case, order, inner_steps, meta_batch=4)
-    problem = peer_checks.random_problem(spec)
-    reference = peer_checks.metalearn_meta_gradient(spec, problem)
-    mine = torchfunc_meta_gradient(spec, problem, compile=False)
-    assert peer_checks.max_relative_difference(mine, reference) < RTOL
+CHECKS = peer_checks.CHECKS
 
 
 # Inductor compiles a Conv4 step for one to several minutes on two cores (second order, one inner
 # step: 146 s in float64; once unfinished after 27 min on a loaded machine): run with --runslow.
-COMPILED = [
-    pytest.param(*check, marks=pytest.mark.slow) if check[0] != "sinusoid" else check
+ALL_CHECKS = [(*check, False) for check in CHECKS] + [
+    pytest.param(*check, True, marks=pytest.mark.slow) if check[0] != "sinusoid" else (*check, True)
     for check in CHECKS
 ]
 
 
-@pytest.mark.parametrize(("case", "order", "inner_steps"), COMPILED)
-def test_compiled_meta_gradient_equals_metalearns(bench, case, order, inner_steps):
+@pytest.mark.parametrize(("case", "order", "inner_steps", "compiled"), ALL_CHECKS)
+def test_meta_gradient_equals_metalearns(bench, case, order, inner_steps, compiled):
     spec = peer_checks.spec_for(bench, case, order, inner_steps, meta_batch=4)
     problem = peer_checks.random_problem(spec)
     reference = peer_checks.metalearn_meta_gradient(spec, problem)
-    mine = torchfunc_meta_gradient(spec, problem, compile=True)
+    mine = torchfunc_meta_gradient(spec, problem, compile=compiled)
     assert peer_checks.max_relative_difference(mine, reference) < RTOL
 
 
