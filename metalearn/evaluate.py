@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -21,7 +22,7 @@ from metalearn.runner.devices import out_of_memory_message
 from metalearn.runner.evaluation import format_record
 from metalearn.runner.reporting import EvaluationProgress
 from metalearn.runner.saved_run import load_run
-from metalearn.runner.signals import exit_at_once
+from metalearn.runner.signals import Interrupted, StopRequest, exit_at_once
 
 
 def replacement_note(out: str, overrides: Sequence[str]) -> str | None:
@@ -123,7 +124,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 if __name__ == "__main__":
     try:
-        main()
-    except KeyboardInterrupt:  # the results are written at the end, in one atomic replace
-        print("interrupted by SIGINT: nothing was written", file=sys.stderr)
-        exit_at_once(130)  # not after the XLA compilation the signal interrupted
+        # The training loop's signal handling: a SIGINT landing in a garbage-collection callback
+        # (JAX's run during compilation) is delivered again, not printed and dropped.
+        with StopRequest():
+            main()
+    except (KeyboardInterrupt, Interrupted) as err:  # the results are written at the end, at once
+        stopped = err if isinstance(err, Interrupted) else Interrupted(signal.SIGINT)
+        print(f"interrupted by {stopped.name}: nothing was written", file=sys.stderr)
+        exit_at_once(stopped.exit_code)  # not after the XLA compilation the signal interrupted

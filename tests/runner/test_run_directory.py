@@ -515,7 +515,11 @@ def test_evaluate_of_the_initialisation_and_ctrl_c(run_copy):
         if line.startswith("evaluating on"):
             proc.send_signal(signal.SIGINT)
             break
-    _, err = proc.communicate(timeout=120)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"no exit 120 s after SIGINT; the evaluation printed:\n{proc.communicate()[1]}")
     assert proc.returncode == 130 and "Traceback" not in err, err
     assert err.strip().splitlines()[-1] == "interrupted by SIGINT: nothing was written"
     assert not (run_copy / "eval_best.json").exists()
