@@ -155,11 +155,16 @@ def _draining_event_loops() -> Iterator[None]:
         asyncio.set_event_loop_policy(previous)
 
 
+def checksummed(directory: str) -> bool:
+    """Whether the store in ``directory`` writes manifests (so every step must have one)."""
+    return os.path.exists(os.path.join(directory, CHECKSUMMED))
+
+
 def intact_steps(directory: str) -> list[int]:
     """The steps of the store in ``directory`` whose checksums verify, newest first."""
     if not os.path.isdir(directory):
         return []
-    required = os.path.exists(os.path.join(directory, CHECKSUMMED))
+    required = checksummed(directory)
     steps = sorted((int(n) for n in os.listdir(directory) if n.isdigit()), reverse=True)
     return [s for s in steps if verify(os.path.join(directory, str(s)), required) is None]
 
@@ -196,7 +201,7 @@ class CheckpointStore:
     def save(self, step: int, state: PyTree, metadata: dict) -> None:
         if step in self._manager.all_steps():
             return
-        if self.primary and not self._checksummed():
+        if self.primary and not checksummed(self.directory):
             marker = "every checkpoint here has a checksums.sha256 manifest\n"
             write_atomically(os.path.join(self.directory, CHECKSUMMED), marker)
         args = ocp.args.Composite(
@@ -232,9 +237,6 @@ class CheckpointStore:
         state = jax.tree_util.tree_unflatten(treedef, jax.tree_util.tree_leaves(restored["state"]))
         return state, dict(restored["metadata"])
 
-    def _checksummed(self) -> bool:
-        return os.path.exists(os.path.join(self.directory, CHECKSUMMED))
-
     def newest_intact_step(self) -> int | None:
         return newest_intact_step(self.directory)
 
@@ -242,7 +244,7 @@ class CheckpointStore:
         """The newest checkpoint that verifies and loads, or None; damaged newer ones move aside."""
         damaged, result, used = [], None, None
         for step in sorted(self._manager.all_steps(), reverse=True):
-            problem = verify(self.step_dir(step), self._checksummed())
+            problem = verify(self.step_dir(step), checksummed(self.directory))
             if problem is None:
                 try:
                     result = self.restore(template, step)
