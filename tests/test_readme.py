@@ -12,11 +12,11 @@ def test_readme_quickstart_runs():
 
 
 def test_every_python_block_of_the_readme_runs():
-    # In order, in one namespace (a block may use the names of the blocks before it): the
-    # vectorized runs' example asserts its own result.
+    # In order, in one namespace (a block may use the names of the blocks before it). The longer
+    # examples live in docs/, whose pages run when the site builds (tests/test_docs_site.py).
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     blocks = [b.split("```", 1)[0] for b in readme.split("```python\n")[1:]]
     namespace: dict = {}
     for number, code in enumerate(blocks):
         exec(compile(code, f"README.md python block {number}", "exec"), namespace)
-    assert len(blocks) >= 3 and namespace["metrics"]["mse"].shape == (4,)
+    assert len(blocks) >= 1

@@ -121,18 +121,22 @@ def family_objective(family: TaskFamily, model: Model, name: str = "the task fam
 
 
 def mse_loss(outputs: jax.Array, targets: jax.Array) -> jax.Array:
+    """The mean squared error over every element."""
     return jnp.mean((outputs - targets) ** 2)
 
 
 def cross_entropy_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """The mean softmax cross-entropy of ``logits [examples, classes]`` on integer labels."""
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
 def regression_metrics(outputs: jax.Array, targets: jax.Array) -> Metrics:
+    """``{"mse": ...}``, the metrics of a regression task."""
     return {"mse": mse_loss(outputs, targets)}
 
 
 def classification_metrics(logits: jax.Array, labels: jax.Array) -> Metrics:
+    """``{"loss": cross-entropy, "accuracy": ...}``, the metrics of a classification task."""
     return {
         "loss": cross_entropy_loss(logits, labels),
         "accuracy": jnp.mean(jnp.argmax(logits, -1) == labels),

@@ -42,6 +42,7 @@ class Trained(NamedTuple):
 
 
 def trained(state: TrainState) -> Trained:
+    """What evaluation and checkpoints of the best parameters keep of a training state."""
     return Trained(state.meta_params, state.model_state)
 
 
