@@ -246,6 +246,9 @@ def _train(runner: Runner, stop: StopRequest, started: float, start, isolate: bo
                 stopped = _stopped(step, stop.signum, stop)
                 return [runs.failed.get(i, stopped) for i in range(runner.count)]
         train_seconds = time.perf_counter() - start_time
+        # Compiling calls, validations and saves inside the training loop; the final validation
+        # and evaluation below come after it and are in neither number.
+        untimed = runner.compile_seconds + runner.pause_seconds
         unchanged = {}
         for i in runs.alive:
             before, after = runner.part(start_params, i), runner.part(state, i).meta_params
@@ -264,7 +267,6 @@ def _train(runner: Runner, stop: StopRequest, started: float, start, isolate: bo
     finally:
         progress.close()
         runs.close()
-    untimed = runner.compile_seconds + runner.pause_seconds
     outcomes: dict[int, Any] = dict(runs.failed)
     for i in runs.alive:
         outcomes[i] = {
@@ -273,6 +275,8 @@ def _train(runner: Runner, stop: StopRequest, started: float, start, isolate: bo
             "start_step": start_step,  # the times and rate below are this process's
             "train_seconds": train_seconds,
             "compile_seconds": runner.compile_seconds,
+            # Training time less compiling, validation and saves: what steps_per_s is over.
+            "timed_seconds": train_seconds - untimed,
             "steps_per_s": timed_rate(
                 step - start_step - runner.compile_steps, train_seconds - untimed
             ),

@@ -225,6 +225,7 @@ PROCESS_KEYS = (
     "step",
     "train_seconds",
     "compile_seconds",
+    "timed_seconds",
     "steps_per_s",
     "devices",
     "wall_seconds",
