@@ -112,7 +112,6 @@ def test_gradient_is_the_weighted_maml_gradient_with_order_and_weights_following
     assert step._cache_size() == 1
 
 
-@pytest.mark.slow
 def test_per_step_rate_gradient_matches_finite_differences():
     model = small_model()
     progress = 0.05
