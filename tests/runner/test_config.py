@@ -3,7 +3,6 @@
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 from hydra.errors import ConfigCompositionException
@@ -163,14 +162,20 @@ def test_cli_reports_an_unwritable_output_directory(tmp_path):
 
 
 # One process checking the output directory over and over for a second and a half, from the
-# same moment as the others.
+# moment every process has imported metalearn (each marks itself ready, then waits for the rest).
 CHECKING = """
-import sys, time
+import os, sys, time
 from metalearn.runner.layout import check_writable
-start = float(sys.argv[2])
-time.sleep(max(0.0, start - time.time()))
-while time.time() < start + 1.5:
-    check_writable(sys.argv[1])
+run, ready, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+open(os.path.join(ready, str(os.getpid())), "w").close()
+deadline = time.monotonic() + 300  # a safety limit only
+while len(os.listdir(ready)) < count:
+    if time.monotonic() > deadline:
+        sys.exit(f"only {len(os.listdir(ready))} of {count} processes got ready in 300 s")
+    time.sleep(0.001)
+end = time.monotonic() + 1.5
+while time.monotonic() < end:
+    check_writable(run)
 """
 
 
@@ -178,13 +183,14 @@ def test_processes_that_check_one_output_directory_at_once_all_pass(tmp_path):
     # The processes of a distributed run check the same run directory together: each wrote and
     # removed the same probe file, and one removing another's made that one fail with
     # "cannot be written (No such file or directory)" (1 or 2 of 3 processes, in 3 of 4 trials).
-    start = f"{time.time() + 8:.3f}"  # after every process has imported metalearn
-    command = [sys.executable, "-c", CHECKING, str(tmp_path / "run"), start]
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    command = [sys.executable, "-c", CHECKING, str(tmp_path / "run"), str(ready), "3"]
     procs = [
         subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=checkout_env())
         for _ in range(3)
     ]
-    errors = [p.communicate(timeout=120)[1] for p in procs]
+    errors = [p.communicate(timeout=400)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], errors
     assert list((tmp_path / "run").iterdir()) == []  # no probe left behind
 

@@ -102,11 +102,12 @@ def test_handing_the_signal_back_says_why_the_launcher_did_not_requeue():
 
 
 # A program long enough to lower (~1.5 s) that XLA is still turning it into HLO, on a worker
-# thread, when the signal comes 0.1-0.3 s into its compilation. The script ends with os._exit,
-# as `metalearn.train` does after a stop (a normal exit would free what is kept, and XLA's
-# worker may still be using it).
+# thread, when the signal comes. The signal is sent once the main thread is seen waiting inside
+# JAX's backend compilation (an event, not a delay a faster machine could miss), three times.
+# The script ends with os._exit, as `metalearn.train` does after a stop (a normal exit would
+# free what is kept, and XLA's worker may still be using it).
 SIGNAL_INSIDE_XLA_CONVERSION = """
-import gc, os, signal, sys, time
+import gc, os, signal, sys, threading, time
 import jax, jax.numpy as jnp
 from metalearn.runner.signals import Interrupted, StopRequest, hand_back_to_launcher
 
@@ -115,16 +116,30 @@ def program(x):
         x = jnp.sin(x) * 1.0001 + jnp.cos(x[::-1])
     return x
 
-signal.signal(signal.SIGALRM, lambda *_: signal.raise_signal(signal.SIGTERM))
-for delay in (0.1, 0.2, 0.3):
+def inside_backend_compile():
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    while frame is not None and frame.f_code.co_name != "backend_compile_and_load":
+        frame = frame.f_back
+    return frame is not None
+
+def signal_when_compiling(limit_s=120):
+    deadline = time.monotonic() + limit_s  # a safety limit only
+    while not inside_backend_compile():
+        if time.monotonic() > deadline:
+            print("never saw the compilation start", flush=True)
+            os._exit(3)
+        time.sleep(0.001)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+for attempt in range(3):
     lowered = jax.jit(program).lower(jnp.ones(8))
     try:
         with StopRequest() as stop, stop.deferred(), stop.at_once("compilation"):
-            signal.setitimer(signal.ITIMER_REAL, delay)
+            threading.Thread(target=signal_when_compiling, daemon=True).start()
             lowered.compile()
-        print("compiled before the signal", delay, flush=True)
+        print("compiled before the signal", attempt, flush=True)
     except Interrupted:
-        print("interrupted", delay, flush=True)
+        print("interrupted", attempt, flush=True)
     del lowered
     jax.clear_caches()  # nothing but the exception's frames holds the program now
     gc.collect()
@@ -148,7 +163,7 @@ def test_a_signal_inside_xla_compilation_does_not_crash_the_process_after_it_is_
         timeout=300,
         env=checkout_env(),
     )
-    assert "interrupted" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.stdout.count("interrupted") == 3, proc.stdout + proc.stderr
     assert proc.stdout.rstrip().endswith("alive") and proc.returncode == 0, (
         f"exit status {proc.returncode}\n{proc.stdout}{proc.stderr}"
     )
