@@ -30,9 +30,7 @@ def test_missing_source_exits_2_with_one_line(tmp_path, capsys):
 def test_the_documented_spelling_is_accepted_and_others_are_refused(tmp_path):
     """The documented command spells settings as a run does; no argument is a one-line error."""
     page = (REPO / "docs" / "command-line.md").read_text()
-    command = (
-        page.split("`python -m metalearn.tools.prepare_data ", 1)[1].split("`", 1)[0].split()
-    )
+    command = page.split("`python -m metalearn.tools.prepare_data ", 1)[1].split("`", 1)[0].split()
     assert command[0] == "data=omniglot" and command[1].startswith("data.manual_dir=")
     for argv in ([], ["omniglot", "--manual-dir", str(tmp_path)], ["data=nosuch"]):
         result = run_tool("prepare_data", *argv, timeout=120)
