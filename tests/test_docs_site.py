@@ -60,11 +60,8 @@ def test_every_public_name_has_a_reference_entry(site):
     names = documented_names(site)
     # A name re-exported by a package is documented once, under the package: the entry counts
     # for every module that exports the same object.
-    entries = {}
-    for name in names:
-        module, _, attr = name.rpartition(".")
-        if module in conf.PUBLIC_MODULES:
-            entries.setdefault(id(getattr(importlib.import_module(module), attr, None)), name)
+    under_public = [name for name in names if name.rpartition(".")[0] in conf.PUBLIC_MODULES]
+    entries = {id(value) for value in map(conf.locate, under_public) if value is not None}
     missing = []
     for module_name in conf.PUBLIC_MODULES:
         module = importlib.import_module(module_name)
