@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Sequence
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -34,13 +35,7 @@ CONF_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf")
 log = logging.getLogger("metalearn")
 _task_started = False  # set once Hydra has composed the config and calls main()
 
-try:  # a researcher's own algorithms, models and task families register before the configs
-    load_plugins()
-except PluginError as _err:
-    if __name__ != "__main__":
-        raise
-    print(f"error: {_err}", file=sys.stderr)
-    sys.exit(2)
+# A sweep job in a process of its own (submitit) resolves its config with these resolvers.
 register_configs()
 # Orbax (through absl), JAX's backend probe and torch (via tensorboardX) log noise at INFO.
 for _name in ("absl", "jax._src.xla_bridge", "torch"):
@@ -48,7 +43,7 @@ for _name in ("absl", "jax._src.xla_bridge", "torch"):
 
 
 @hydra.main(version_base=None, config_path="pkg://metalearn.conf", config_name="config")
-def main(cfg: DictConfig) -> float | None:
+def _hydra_main(cfg: DictConfig) -> float | None:
     """One run; in a sweep (``-m``) a failing job is recorded and the sweep goes on."""
     global _task_started
     _task_started = True
@@ -129,14 +124,16 @@ def _stopped_early(signum, frame) -> None:
 
 
 def _main_with_one_line_errors() -> None:
-    """Run :func:`main`; a command line Hydra cannot compose ends in one ``error:`` line, exit 2
-    (Hydra raises it under ``HYDRA_FULL_ERROR``; a user who set it gets the full traceback)."""
+    """Run :func:`_hydra_main`; a command line Hydra cannot compose ends in one ``error:`` line,
+    exit 2 (Hydra raises it under ``HYDRA_FULL_ERROR``; a user who set it gets the traceback)."""
+    global _task_started
+    _task_started = False
     if "HYDRA_FULL_ERROR" in os.environ:
-        main()
+        _hydra_main()
         return
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
-        main()
+        _hydra_main()
     except (HydraException, OmegaConfBaseException) as err:
         if _task_started:  # raised by the run itself, not by Hydra composing the command line
             raise
@@ -148,6 +145,16 @@ def _main_with_one_line_errors() -> None:
             raise
         print(f"error: {found[0]}", file=sys.stderr)
         sys.exit(found[1])
+    finally:
+        del os.environ["HYDRA_FULL_ERROR"]
+
+
+# The config groups a command line may select or null (the package's conf/ directories).
+GROUP_DIRS = sorted(
+    name
+    for name in os.listdir(CONF_DIR)
+    if os.path.isdir(os.path.join(CONF_DIR, name)) and name not in ("hydra", "__pycache__")
+)
 
 
 def _options(group: str) -> list[str]:
@@ -161,23 +168,46 @@ def _options(group: str) -> list[str]:
     return sorted(n for n in names if selectable(group, n))
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m metalearn.train ARGV...`` in this process; returns the exit status (the
+    command line's own refusals, then Hydra). Ends the process at once where the command would
+    (a stop by a signal, a full disk).
+
+    >>> main(["+experiment=sinusoid_maml", "algorithm.num_steps=5"])
+    2
+    """
+    argv = cli.debug_after_experiment(
+        cli.bare_flags_first(list(sys.argv[1:] if argv is None else argv))
+    )
+    saved_argv = sys.argv
+    sys.argv = [saved_argv[0] if saved_argv else "metalearn.train", *argv]
+    try:
+        try:  # a researcher's own algorithms, models and task families, before the configs
+            load_plugins()
+        except PluginError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        register_configs()  # the plugins' entries too
+        cli.check_flags(argv)
+        cli.exit_on_renamed_keys(argv, GROUP_DIRS, _options("experiment"))
+        if not any(a in ("-h", "--help") for a in argv):
+            _main_with_one_line_errors()
+        else:  # Hydra's help, listing only the options a command line may select
+            captured = io.StringIO()
+            try:
+                with contextlib.redirect_stdout(captured):
+                    _main_with_one_line_errors()
+            finally:  # Hydra exits (SystemExit) once it has printed the help
+                print(cli.selectable_options_only(captured.getvalue()), end="")
+    except SystemExit as exit:
+        code = exit.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    finally:
+        sys.argv = saved_argv
+    return 0
+
+
 if __name__ == "__main__":
-    sys.argv[1:] = cli.debug_after_experiment(cli.bare_flags_first(sys.argv[1:]))
-    cli.check_flags(sys.argv[1:])
-    groups = [
-        name
-        for name in os.listdir(CONF_DIR)
-        if os.path.isdir(os.path.join(CONF_DIR, name)) and name not in ("hydra", "__pycache__")
-    ]
-    cli.exit_on_renamed_keys(sys.argv[1:], groups, _options("experiment"))
     for _signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(_signum, _stopped_early)
-    if not any(a in ("-h", "--help") for a in sys.argv[1:]):
-        _main_with_one_line_errors()
-    else:  # Hydra's help, listing only the options a command line may select
-        _captured = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(_captured):
-                _main_with_one_line_errors()
-        finally:  # Hydra exits (SystemExit) once it has printed the help
-            print(cli.selectable_options_only(_captured.getvalue()), end="")
+    sys.exit(main())

@@ -1,11 +1,19 @@
-"""Running the command-line entry points in a subprocess, as a user does, and reading the result."""
+"""Running the command-line entry points, as a user does, and reading the result: in a
+subprocess where the process itself is under test (signals, exit, imports), else in this one."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import io
+import logging
 import os
 import pathlib
 import subprocess
 import sys
+import traceback
+
+from absl import logging as absl_logging
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TINY = ["+experiment=sinusoid_maml", "+debug=tiny"]
@@ -43,6 +51,41 @@ def run_cli(*args: str, module: str = "metalearn.train", cwd=None, env=None, tim
     )
 
 
+def run_in_process(*args: str, module: str = "metalearn.train", env: dict | None = None):
+    """What :func:`run_cli` returns, from ``module``'s ``main(argv)`` called in this process
+    (``env``: variables set for the call): an exception the entry lets out is a traceback on
+    stderr and exit status 1, as Python's would be."""
+    # Hydra's logging set-up closes every handler made before (logging.config.dictConfig), and
+    # absl's then closes its stream unless it is sys.stderr: here pytest's capture.
+    absl_logging.get_absl_handler().python_handler.stream = sys.__stderr__
+    out, err = io.StringIO(), io.StringIO()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    saved = {name: os.environ.get(name) for name in env or {}}
+    os.environ.update(env or {})
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                returned = importlib.import_module(module).main(list(args))
+                code = returned if isinstance(returned, int) else 0
+            except SystemExit as exit:
+                code = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+            except Exception:
+                traceback.print_exc()
+                code = 1
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        for handler in set(root.handlers) - set(handlers):  # Hydra's logging of the run
+            root.removeHandler(handler)
+            handler.close()
+        root.setLevel(level)
+    return subprocess.CompletedProcess([module, *args], code, out.getvalue(), err.getvalue())
+
+
 def run_script(script: str, *args: str, timeout=600):
     """``python scripts/<script> args...`` from the repository root, importing this checkout."""
     return subprocess.run(
@@ -55,10 +98,10 @@ def run_script(script: str, *args: str, timeout=600):
     )
 
 
-def run_tool(name: str, *args: str, timeout=600):
-    """``python -m metalearn.tools.<name> args...`` (a tool shipped in the package), from the
-    repository root, importing this checkout."""
-    return run_cli(*args, module=f"metalearn.tools.{name}", timeout=timeout)
+def run_tool(name: str, *args: str):
+    """``python -m metalearn.tools.<name> args...`` (a tool shipped in the package), run in
+    this process (:func:`run_in_process`; tests/test_entry_points.py starts each as a process)."""
+    return run_in_process(*args, module=f"metalearn.tools.{name}")
 
 
 def error_line(result: subprocess.CompletedProcess, *fragments: str) -> str:

@@ -18,7 +18,7 @@ from metalearn.data.fewshot_builder import load_split_arrays
 from metalearn.data.omniglot_builder import OmniglotVinyals
 from metalearn.runner.rundir import saved_steps
 from metalearn.runner.saved_run import load_run_config
-from tests.cli import OMNIGLOT_TINY, RL_TINY, TINY, error_line, run_cli
+from tests.cli import OMNIGLOT_TINY, RL_TINY, TINY, error_line, run_cli, run_in_process
 from tests.conftest import compose_config
 from tests.data.fake_sources import truncate, write_omniglot
 
@@ -60,7 +60,7 @@ def test_damaged_omniglot_zip_is_one_line(fake_omniglot, tmp_path, how):
     manual = tmp_path / "manual"
     shutil.copytree(fake_omniglot[0], manual)
     damage(str(manual / ZIPS[1]), how)
-    result = run_cli(
+    result = run_in_process(
         *OMNIGLOT_TINY,
         f"data.manual_dir={manual}",
         f"data.data_dir={tmp_path / 'tfds'}",
@@ -78,13 +78,15 @@ def test_corrupt_prepared_dataset_names_the_directory_to_delete(fake_omniglot, t
     data = bytearray(shard.read_bytes())
     data[100:200] = bytes(b ^ 0xFF for b in data[100:200])
     shard.write_bytes(bytes(data))
-    result = run_cli(*OMNIGLOT_TINY, f"data.data_dir={data_dir}", f"hydra.run.dir={tmp_path / 'r'}")
+    result = run_in_process(
+        *OMNIGLOT_TINY, f"data.data_dir={data_dir}", f"hydra.run.dir={tmp_path / 'r'}"
+    )
     error_line(result, f"prepared dataset in {version_dir} is corrupt", "delete that directory")
 
 
 def test_eval_shots_the_data_cannot_supply_fail_before_training(fake_omniglot, tmp_path):
     run_dir = tmp_path / "run"
-    result = run_cli(
+    result = run_in_process(
         *OMNIGLOT_TINY,
         f"data.data_dir={fake_omniglot[1]}",
         "data.ways=2",
@@ -101,18 +103,18 @@ def test_eval_shots_the_data_cannot_supply_fail_before_training(fake_omniglot, t
 
 @pytest.mark.parametrize("seed", ["-1", str(2**32), str(2**64)])
 def test_seed_outside_the_key_range(tmp_path, seed):
-    result = run_cli(*TINY, f"seed={seed}", f"hydra.run.dir={tmp_path}")
+    result = run_in_process(*TINY, f"seed={seed}", f"hydra.run.dir={tmp_path}")
     error_line(result, "seed must be an integer in [0, 2**32 - 1]", f"got {seed}")
 
 
 def test_conv4_on_sinusoid_says_the_model_needs_images(tmp_path):
-    result = run_cli(*TINY, "model=conv4", f"hydra.run.dir={tmp_path}")
+    result = run_in_process(*TINY, "model=conv4", f"hydra.run.dir={tmp_path}")
     error_line(result, "model=conv4 needs images", "data=sinusoid", "model=mlp")
 
 
 def test_conv4_on_an_rl_task_family_names_the_policy_model(tmp_path):
     # It advised model=mlp, which the RL task family then refused: use model=gaussian_mlp.
-    result = run_cli(
+    result = run_in_process(
         "+experiment=rl_nav2d_maml", "+debug=tiny", "model=conv4", f"hydra.run.dir={tmp_path}"
     )
     line = error_line(result, "model=conv4 needs images", "model=gaussian_mlp")
@@ -132,14 +134,14 @@ def test_distributed_without_a_coordinator_names_the_keys(tmp_path):
 
 
 def test_schema_entries_are_not_group_options(tmp_path):
-    result = run_cli(*TINY, "algorithm=maml_schema", f"hydra.run.dir={tmp_path}")
+    result = run_in_process(*TINY, "algorithm=maml_schema", f"hydra.run.dir={tmp_path}")
     line = error_line(result, "algorithm=maml_schema is an internal schema entry", "maml")
     assert "maml_schema" not in line.split("use one of:")[1]
 
 
 def test_help_lists_only_the_options_a_command_line_may_select():
     # Hydra's --help listed every NAME_schema entry (refused when chosen) and base_* experiment.
-    result = run_cli("+experiment=sinusoid_maml", "--help")
+    result = run_in_process("+experiment=sinusoid_maml", "--help")
     assert result.returncode == 0, result.stderr
     groups = result.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
     assert "algorithm: anil, fomaml," in groups and "experiment: cifarfs_5w1s," in groups
@@ -168,7 +170,7 @@ def test_help_lists_only_the_options_a_command_line_may_select():
 def test_a_command_line_hydra_cannot_compose_is_one_line(tmp_path, overrides, fragments):
     run_dirs = [f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
     # "-m" lands between overrides here, which argparse alone refuses (train moves it first).
-    result = run_cli(*TINY, *overrides, *run_dirs)
+    result = run_in_process(*TINY, *overrides, *run_dirs)
     line = error_line(result, *fragments)
     assert "_schema" not in line and "+eval" not in line  # no internal entries, no bad advice
     # Refused before the run starts: no config.yaml, no sweep job.
@@ -177,16 +179,16 @@ def test_a_command_line_hydra_cannot_compose_is_one_line(tmp_path, overrides, fr
 
 
 def test_an_unknown_experiment_or_rl_key_is_one_line(tmp_path):
-    result = run_cli("+experiment=sinusoid_mam", f"hydra.run.dir={tmp_path}")
+    result = run_in_process("+experiment=sinusoid_mam", f"hydra.run.dir={tmp_path}")
     line = error_line(result, "sinusoid_mam is not an option (did you mean sinusoid_maml?)")
     assert "sinusoid_maml, " in line and "base_" not in line  # base_*: shared parts, not runs
-    result = run_cli(*RL_TINY, "model.hidden=[4]", f"hydra.run.dir={tmp_path}")
+    result = run_in_process(*RL_TINY, "model.hidden=[4]", f"hydra.run.dir={tmp_path}")
     error_line(result, "model.hidden is not a setting of model (GaussianMLPConfig", "hidden_sizes?")
 
 
 def test_hydra_full_error_still_gives_hydras_traceback(tmp_path):
     env = {**os.environ, "HYDRA_FULL_ERROR": "1"}
-    result = run_cli(*TINY, "eval.num_task=5", f"hydra.run.dir={tmp_path}", env=env)
+    result = run_in_process(*TINY, "eval.num_task=5", f"hydra.run.dir={tmp_path}", env=env)
     assert result.returncode == 1
     assert "Traceback" in result.stderr and "ConfigCompositionException" in result.stderr
 
@@ -203,7 +205,7 @@ def test_hydra_full_error_still_gives_hydras_traceback(tmp_path):
     ],
 )
 def test_nan_names_the_rate_that_diverged(tmp_path, overrides, blamed, cleared):
-    result = run_cli(*TINY, *overrides, f"hydra.run.dir={tmp_path}")
+    result = run_in_process(*TINY, *overrides, f"hydra.run.dir={tmp_path}")
     line = error_line(result, "non-finite", f"lower {blamed}")
     assert f"lower {cleared}" not in line
 
@@ -235,7 +237,7 @@ def run_config_dir(tmp_path_factory):
     ],
 )
 def test_evaluate_with_a_misspelt_key(run_config_dir, override, fragments):
-    result = run_cli(str(run_config_dir), override, module="metalearn.evaluate")
+    result = run_in_process(str(run_config_dir), override, module="metalearn.evaluate")
     line = error_line(result, *fragments)
     assert "+eval is" not in line
 
@@ -255,7 +257,7 @@ def test_evaluate_with_a_misspelt_key(run_config_dir, override, fragments):
 )
 # Evaluated as without it, and recorded in the evaluation's overrides as if it had counted.
 def test_evaluate_refuses_a_training_setting(run_config_dir, override, fragments):
-    result = run_cli(str(run_config_dir), override, module="metalearn.evaluate")
+    result = run_in_process(str(run_config_dir), override, module="metalearn.evaluate")
     error_line(
         result, f"{override} cannot change an evaluation", *fragments, "nothing was evaluated"
     )
@@ -264,7 +266,7 @@ def test_evaluate_refuses_a_training_setting(run_config_dir, override, fragments
 @pytest.mark.parametrize("override", ["eval.steps=[0,1", "eval.num_tasks={"])
 def test_evaluate_with_an_override_that_does_not_parse(run_config_dir, override):
     # A 50-line yaml.parser.ParserError traceback; now the line metalearn.train prints.
-    result = run_cli(str(run_config_dir), override, module="metalearn.evaluate")
+    result = run_in_process(str(run_config_dir), override, module="metalearn.evaluate")
     error_line(result, f"cannot parse the override {override!r}", "override_grammar")
 
 
@@ -291,7 +293,7 @@ def test_evaluate_with_a_corrupt_config(run_config_dir, tmp_path, key, value, pr
     saved = OmegaConf.load(run_config_dir / "config.yaml")
     OmegaConf.update(saved, key, value, merge=False)
     OmegaConf.save(saved, tmp_path / "config.yaml")
-    result = run_cli(str(tmp_path), module="metalearn.evaluate")
+    result = run_in_process(str(tmp_path), module="metalearn.evaluate")
     line = error_line(result, str(tmp_path / "config.yaml"), problem, "restore it from a copy")
     assert "check the overrides" not in line
 
@@ -300,7 +302,7 @@ def test_evaluate_with_a_corrupt_config(run_config_dir, tmp_path, key, value, pr
 def test_evaluate_with_an_empty_or_half_written_config(run_config_dir, tmp_path, cut):
     text = (run_config_dir / "config.yaml").read_text()
     (tmp_path / "config.yaml").write_text(text[: int(len(text) * cut)])
-    result = run_cli(str(tmp_path), module="metalearn.evaluate")
+    result = run_in_process(str(tmp_path), module="metalearn.evaluate")
     error_line(result, str(tmp_path / "config.yaml"), "empty or half-written", "recreate it")
 
 
@@ -349,20 +351,20 @@ def test_evaluate_reads_a_config_saved_before_keys_were_renamed(run_config_dir, 
 def test_evaluate_flags_are_checked_before_the_evaluation(run_config_dir, args, fragments):
     # An unwritable --out failed with a traceback after the whole evaluation; a bad flag
     # printed argparse's usage over several lines.
-    result = run_cli(str(run_config_dir), *args, module="metalearn.evaluate")
+    result = run_in_process(str(run_config_dir), *args, module="metalearn.evaluate")
     error_line(result, *fragments)
 
 
 def test_evaluate_without_a_run_directory_says_so():
     # "the following arguments are required: run_dir, overrides": the overrides are optional.
-    result = run_cli(module="metalearn.evaluate")
+    result = run_in_process(module="metalearn.evaluate")
     line = error_line(result, "name the run directory to evaluate", "usage:")
     assert "overrides" not in line
 
 
 def test_an_output_directory_that_cannot_be_created_is_one_line():
     # "is not writable: No such file or directory", without saying which setting to change.
-    result = run_cli(*TINY, "hydra.run.dir=/proc/metalearn-run")
+    result = run_in_process(*TINY, "hydra.run.dir=/proc/metalearn-run")
     error_line(result, "'/proc/metalearn-run' cannot be written", "choose another hydra.run.dir")
 
 
@@ -398,7 +400,7 @@ def test_a_data_directory_that_is_a_file_is_one_line(tmp_path, key):
     afile = tmp_path / "afile"
     afile.write_text("")
     for value, where in [(afile, ""), (afile / "sub", f": {afile}")]:
-        result = run_cli(*OMNIGLOT_TINY, f"{key}={value}", f"hydra.run.dir={tmp_path / 'r'}")
+        result = run_in_process(*OMNIGLOT_TINY, f"{key}={value}", f"hydra.run.dir={tmp_path / 'r'}")
         error_line(result, f"omniglot_vinyals: {key}={value}{where} is a file, not a directory")
 
 
@@ -421,13 +423,13 @@ def test_a_full_disk_is_one_line_and_the_rerun_resumes(tmp_path):
 @pytest.mark.parametrize("override", ["eval.shots=[1,5]", "trainer.shots=3"])
 def test_rl_runs_refuse_a_shot_count(tmp_path, override):
     # RL tasks ignored the shot count: eval.shots=[1,5] reported two rows of other random tasks.
-    result = run_cli(*RL_TINY, override, f"hydra.run.dir={tmp_path}")
+    result = run_in_process(*RL_TINY, override, f"hydra.run.dir={tmp_path}")
     error_line(result, override.split("=")[0], "means nothing for an RL task")
 
 
 def test_an_rl_nan_names_the_settings_trpo_uses(tmp_path):
     # The advice named optimizer.lr and optimizer.grad_clip_norm, which TRPO does not read.
-    result = run_cli(*RL_TINY, "algorithm.inner_lr=1e30", f"hydra.run.dir={tmp_path}")
+    result = run_in_process(*RL_TINY, "algorithm.inner_lr=1e30", f"hydra.run.dir={tmp_path}")
     line = error_line(result, "non-finite", "lower algorithm.inner_lr or algorithm.max_kl (TRPO)")
     assert "optimizer" not in line
 
@@ -458,7 +460,7 @@ def test_a_run_directory_with_glob_characters_is_refused(tmp_path):
     # Orbax globs for a checkpoint's pieces when it saves: under "x[1]" it skipped merging them
     # and the checkpoint could not be restored (it was then moved aside as damaged). Sweep job
     # directories replace those characters (eval.steps=[0,1] -> eval.steps=(0,1)).
-    result = run_cli(*TINY, f"hydra.run.dir='{tmp_path}/x[1]'")
+    result = run_in_process(*TINY, f"hydra.run.dir='{tmp_path}/x[1]'")
     error_line(result, "contains one of []*?", "cannot be restored", "hydra.run.dir")
     assert not (tmp_path / "x[1]").exists()
 
@@ -468,7 +470,7 @@ def test_evaluate_out_never_replaces_a_record_of_the_run(run_config_dir):
     # the evaluation's records, after the whole evaluation, with no more than a note.
     target = run_config_dir / "config.yaml"
     before = target.read_bytes()
-    result = run_cli(str(run_config_dir), "--out", str(target), module="metalearn.evaluate")
+    result = run_in_process(str(run_config_dir), "--out", str(target), module="metalearn.evaluate")
     error_line(result, f"--out {target} is a run's own record (config.yaml)", "eval_best.json")
     assert target.read_bytes() == before
 
@@ -480,7 +482,7 @@ def test_evaluate_out_never_replaces_another_runs_evaluation(run_config_dir, tmp
     shutil.copytree(run_config_dir, other)
     target = other / "eval_best.json"
     target.write_text("[]")
-    result = run_cli(str(run_config_dir), "--out", str(target), module="metalearn.evaluate")
+    result = run_in_process(str(run_config_dir), "--out", str(target), module="metalearn.evaluate")
     error_line(result, f"--out {target} is a run's own record (eval_best.json)", "Nothing was")
     assert target.read_text() == "[]"
 
@@ -500,7 +502,7 @@ def test_evaluate_out_never_replaces_another_runs_evaluation(run_config_dir, tmp
     ],
 )
 def test_an_override_that_leaves_out_a_part_a_run_needs_is_one_line(tmp_path, override, fragment):
-    result = run_cli(*TINY, override, f"hydra.run.dir={tmp_path / 'run'}")
+    result = run_in_process(*TINY, override, f"hydra.run.dir={tmp_path / 'run'}")
     error_line(result, fragment)
     assert not (tmp_path / "run").exists()
 
@@ -527,5 +529,7 @@ def test_train_refuses_what_is_no_option(args, fragments, tmp_path):
 
 
 def test_evaluate_refuses_another_algorithm_name(run_config_dir):
-    result = run_cli(str(run_config_dir), "algorithm.name=reptile", module="metalearn.evaluate")
+    result = run_in_process(
+        str(run_config_dir), "algorithm.name=reptile", module="metalearn.evaluate"
+    )
     error_line(result, "evaluated with the algorithm it was trained with (algorithm=maml)")

@@ -14,7 +14,7 @@ import re
 import pytest
 import yaml
 
-from tests.cli import TINY, error_line, run_cli
+from tests.cli import TINY, error_line, run_cli, run_in_process
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def test_steps_per_s_leaves_out_compiling_and_validation(reptile_run):
 def test_evaluate_reports_progress(reptile_run):
     cwd, _ = reptile_run
     (run_dir,) = next((cwd / "outputs").iterdir()).iterdir()
-    result = run_cli(str(run_dir), "eval.num_tasks=6", module="metalearn.evaluate")
+    result = run_in_process(str(run_dir), "eval.num_tasks=6", module="metalearn.evaluate")
     assert result.returncode == 0, result.stderr[-4000:]
     assert "evaluating on 6 test tasks" in result.stderr
     for shots in (5, 10, 20):
@@ -118,7 +118,7 @@ def test_a_debug_preset_before_the_experiment_still_applies():
     # Hydra merges appended groups in command-line order: +debug=tiny written first was
     # overwritten by the experiment, and the full 70,000-step run ran in a "debug=tiny" directory.
     for order in (TINY, TINY[::-1]):
-        result = run_cli(*order, "--cfg", "job")
+        result = run_in_process(*order, "--cfg", "job")
         assert result.returncode == 0, result.stderr[-2000:]
         job = yaml.safe_load(result.stdout)
         assert (job["trainer"]["meta_steps"], job["eval"]["num_tasks"]) == (4, 4), order

@@ -9,7 +9,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from metalearn.config import to_objects
-from tests.cli import checkout_env
+from tests.cli import checkout_env, run_in_process
 from tests.conftest import EXPERIMENTS, compose_config, experiment_of
 
 
@@ -116,14 +116,8 @@ def test_unknown_algorithm_fails_at_composition():
         compose_config(["+experiment=sinusoid_maml", "algorithm=no_such_algorithm"])
 
 
-def run_cli(*overrides, timeout=120):
-    return subprocess.run(
-        [sys.executable, "-m", "metalearn.train", "+experiment=sinusoid_maml", *overrides],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=checkout_env(),
-    )
+def run_cli(*overrides):
+    return run_in_process("+experiment=sinusoid_maml", *overrides)
 
 
 def test_cli_reports_a_bad_value_in_one_line_before_compiling(tmp_path):

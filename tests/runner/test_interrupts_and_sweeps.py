@@ -289,7 +289,7 @@ def test_sweep_runs_every_job_and_summarises_failures(tmp_path):
     assert f"{jobs[2].name}: failed (exit 2): error: non-finite" in summary
     # collect_sweep lists the failed jobs and an unreadable eval.json instead of crashing.
     (jobs[3] / "eval.json").write_text('[{"metric": "mse", "me')
-    table = run_tool("collect_sweep", str(sweep_dir), timeout=120)
+    table = run_tool("collect_sweep", str(sweep_dir))
     assert table.returncode == 0, table.stderr
     assert f"{jobs[3]}: unreadable eval.json" in table.stdout
     assert f"{jobs[1]}: failed: error: optimizer.lr must be > 0" in table.stdout
@@ -316,7 +316,7 @@ def test_a_rerun_sweep_reports_its_own_jobs_and_a_refusal_hides_no_result(tmp_pa
     assert "0_optimizer.lr=0.001: refused (exit 2): error: " in refused.stderr
     record = json.loads((sweep_dir / "0_optimizer.lr=0.001" / "status.json").read_text())
     assert record["status"] == "refused" and record["previous"]["status"] == "ok"
-    table = run_tool("collect_sweep", str(sweep_dir), timeout=120)
+    table = run_tool("collect_sweep", str(sweep_dir))
     assert table.returncode == 0, table.stderr
     assert any(line.startswith("0_optimizer.lr=0.001  ") for line in table.stdout.splitlines())
 

@@ -22,7 +22,7 @@ from metalearn.runner.loop import (
 from metalearn.runner.reporting import PROCESS_KEYS
 from metalearn.runner.rundir import saved_steps
 from metalearn.runner.steps import trained
-from tests.cli import checkout_env, run_cli, run_tool
+from tests.cli import checkout_env, run_cli, run_in_process, run_tool
 from tests.conftest import compose_config, experiment_of, restore_latest_state, runner_of
 
 TINY = ["+experiment=sinusoid_maml", "+debug=tiny"]
@@ -245,7 +245,7 @@ def test_multirun_sweep_and_gather(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     runs = sorted(p for p in sweep_dir.iterdir() if p.is_dir())
     assert len(runs) == 4 and all((p / "eval.json").exists() for p in runs)
-    table = run_tool("collect_sweep", str(sweep_dir), "--csv", str(tmp_path / "t.csv"), timeout=60)
+    table = run_tool("collect_sweep", str(sweep_dir), "--csv", str(tmp_path / "t.csv"))
     assert table.returncode == 0, table.stderr
     assert "algorithm.inner_lr" in table.stdout and "seed" in table.stdout
     rows = (tmp_path / "t.csv").read_text().splitlines()
@@ -281,7 +281,7 @@ def test_saved_checkpoint_is_evaluated_on_its_own(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     records = json.loads((tmp_path / "eval_latest.json").read_text())
     assert {r["tasks"] for r in records} == {6} and len(records) == 3 * 2
-    missing = run_cli(str(tmp_path / "nope"), module="metalearn.evaluate", timeout=60)
+    missing = run_in_process(str(tmp_path / "nope"), module="metalearn.evaluate")
     assert missing.returncode != 0 and "not found" in missing.stderr
 
 

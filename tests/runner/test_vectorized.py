@@ -22,7 +22,7 @@ from metalearn.config import to_objects
 from metalearn.runner.run import Runner
 from metalearn.runner.rundir import RunDirectory
 from metalearn.runner.steps import run_of
-from tests.cli import RL_TINY, TINY, checkout_env, run_cli, run_tool
+from tests.cli import RL_TINY, TINY, checkout_env, run_cli, run_in_process, run_tool
 from tests.conftest import compose_config, experiment_of, restore_latest_state
 from tests.data.test_task_registry import IMAGE_SHAPES, fake_data_source
 from tests.test_experiments import tiny_overrides
@@ -149,10 +149,10 @@ def test_each_run_of_a_group_writes_what_it_writes_alone(tmp_path):
         ).read_text()
         assert json.loads((v / "status.json").read_text())["status"] == "ok"
         assert json.loads((v / "summary.json").read_text())["runs_in_program"] == 4
-    table = run_tool("collect_sweep", str(tmp_path / "v"), timeout=120)
+    table = run_tool("collect_sweep", str(tmp_path / "v"))
     assert table.returncode == 0, table.stderr
     assert len([line for line in table.stdout.splitlines() if line[:1].isdigit()]) == 4 * 6
-    evaluated = run_cli(str(v_jobs[1]), "eval.num_tasks=2", module="metalearn.evaluate")
+    evaluated = run_in_process(str(v_jobs[1]), "eval.num_tasks=2", module="metalearn.evaluate")
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
 
 

@@ -19,10 +19,10 @@ def test_learning_curves_and_figure2_from_a_run(tmp_path):
     OmegaConf.save(composed, tmp_path / "config.yaml")
     for tool, extra in [("plot_learning_curves", []), ("plot_sinusoid", ["--shots", "5"])]:
         out = tmp_path / f"{tool}.png"
-        result = run_tool(tool, str(tmp_path), *extra, "--out", str(out), timeout=120)
+        result = run_tool(tool, str(tmp_path), *extra, "--out", str(out))
         assert result.returncode == 0, result.stderr
         assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    missing = run_tool("plot_learning_curves", str(tmp_path / "x"), timeout=60)
+    missing = run_tool("plot_learning_curves", str(tmp_path / "x"))
     assert missing.returncode == 2 and "not found" in missing.stderr
 
 
