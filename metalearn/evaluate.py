@@ -21,6 +21,7 @@ from metalearn.registry import load_plugins, selected_parts, user_code_error
 from metalearn.runner.devices import out_of_memory_message
 from metalearn.runner.evaluation import format_record
 from metalearn.runner.reporting import EvaluationProgress
+from metalearn.runner.rundir import write_atomically
 from metalearn.runner.saved_run import load_run
 from metalearn.runner.signals import Interrupted, StopRequest, exit_at_once
 
@@ -113,9 +114,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             checkpoint_step=runner.loaded_step,
             overrides=list(args.overrides),
         )
-    with open(out + ".tmp", "w") as f:
-        json.dump(records, f, indent=2)
-    os.replace(out + ".tmp", out)
+    write_atomically(out, json.dumps(records, indent=2))
     for r in records:
         print(format_record(r))
     print(f"wrote {out}")

@@ -86,6 +86,19 @@ def test_evaluate_reports_progress(reptile_run):
     assert "Unable to initialize backend" not in result.stderr
 
 
+def test_evaluate_writes_a_relative_out_in_the_working_directory(
+    reptile_run, tmp_path, monkeypatch
+):
+    cwd, _ = reptile_run
+    (run_dir,) = next((cwd / "outputs").iterdir()).iterdir()
+    monkeypatch.chdir(tmp_path)
+    args = (str(run_dir), "--out", "mine.json", "eval.num_tasks=2")
+    result = run_in_process(*args, module="metalearn.evaluate")
+    assert result.returncode == 0, result.stderr[-4000:]
+    records = json.loads((tmp_path / "mine.json").read_text())
+    assert records and all(r["tasks"] == 2 and r["checkpoint"] == "best" for r in records)
+
+
 def test_a_second_run_reuses_the_compilation_cache(tmp_path):
     cache = tmp_path / "cache"
     common = [*TINY, f"trainer.compilation_cache={cache}"]

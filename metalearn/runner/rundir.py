@@ -115,7 +115,7 @@ class RunDirectory:
 
 def write_atomically(path: str, text: str) -> None:
     """Write ``text`` to ``path`` whole or not at all (one temporary file per process)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     partial = f"{path}.{os.getpid()}.tmp"
     with open(partial, "w") as f:
         f.write(text)
