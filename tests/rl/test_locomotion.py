@@ -231,5 +231,6 @@ def test_a_device_batch_that_would_deadlock_is_refused_in_one_line(tmp_path):
         "error: ant_dir on 2 XLA:CPU devices: each would step 75 rollouts at once (5 tasks x 15)"
     ), lines
     assert "Traceback" not in result.stderr
-    steps = [p for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit()]
-    assert steps == []  # refused before training: no checkpoint
+    # Refused before anything is written: no checkpoint store, no record of a run.
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
