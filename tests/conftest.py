@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import pathlib
+import shutil
 import tempfile
 
 # One persistent XLA compilation cache for the whole suite (subprocesses inherit it): the many
@@ -105,6 +108,35 @@ def runner_of(cfg, workdir):
     from metalearn.runner.rundir import RunDirectory
 
     return Runner(experiment_of(cfg), RunDirectory(str(workdir), cfg))
+
+
+@dataclasses.dataclass(frozen=True)
+class FinishedRun:
+    """A finished tiny sinusoid run (``+experiment=sinusoid_maml +debug=tiny``, 4 meta-steps)."""
+
+    path: pathlib.Path
+    composed: DictConfig  # what the command line composes, saved as its config.yaml
+    summary: dict
+
+
+@pytest.fixture(scope="session")
+def finished_tiny_run(tmp_path_factory) -> FinishedRun:
+    """One finished tiny run per test process, for the tests that only read a run; a test that
+    changes a run works on :func:`copy_of` it."""
+    from metalearn.config import to_objects
+    from metalearn.runner.loop import train_and_evaluate
+
+    composed = compose_config(["+experiment=sinusoid_maml", "+debug=tiny"])
+    path = tmp_path_factory.mktemp("finished") / "run"
+    summary = train_and_evaluate(to_objects(composed), str(path))
+    OmegaConf.save(composed, path / "config.yaml")  # as the command line writes it
+    return FinishedRun(path, composed, summary)
+
+
+def copy_of(run: FinishedRun, where: pathlib.Path) -> pathlib.Path:
+    """A copy of ``run``'s directory at ``where``, to change."""
+    shutil.copytree(run.path, where)
+    return where
 
 
 def restore_latest_state(run_dir, cfg=None):

@@ -23,7 +23,13 @@ from metalearn.runner.reporting import PROCESS_KEYS
 from metalearn.runner.rundir import saved_steps
 from metalearn.runner.steps import trained
 from tests.cli import checkout_env, run_cli, run_in_process, run_tool
-from tests.conftest import compose_config, experiment_of, restore_latest_state, runner_of
+from tests.conftest import (
+    compose_config,
+    copy_of,
+    experiment_of,
+    restore_latest_state,
+    runner_of,
+)
 
 TINY = ["+experiment=sinusoid_maml", "+debug=tiny"]
 
@@ -32,8 +38,8 @@ def tiny_config(*overrides):
     return to_objects(compose_config([*TINY, *overrides]))
 
 
-def test_tiny_run_writes_every_output(tmp_path):
-    summary = train_and_evaluate(tiny_config(), str(tmp_path))
+def test_tiny_run_writes_every_output(finished_tiny_run):
+    tmp_path, summary = finished_tiny_run.path, finished_tiny_run.summary
     assert not summary["interrupted"] and summary["step"] == 4
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines if line["split"] == "train"] == [2, 4]
@@ -210,9 +216,9 @@ def test_a_resumed_run_logs_the_averages_of_an_uninterrupted_one(tmp_path):
     np.testing.assert_allclose(resumed, straight, rtol=1e-6)
 
 
-def test_half_written_checkpoint_is_never_loaded(tmp_path):
+def test_half_written_checkpoint_is_never_loaded(finished_tiny_run, tmp_path):
     cfg = tiny_config()
-    train_and_evaluate(cfg, str(tmp_path))
+    tmp_path = copy_of(finished_tiny_run, tmp_path / "run")
     # What a process killed mid-save leaves behind: orbax's temporary directory.
     (tmp_path / "checkpoints" / "6.orbax-checkpoint-tmp-1234").mkdir()
     (tmp_path / "checkpoints" / "6.orbax-checkpoint-tmp-1234" / "garbage").write_text("x")
@@ -266,10 +272,8 @@ def test_no_host_to_device_copy_per_meta_step(tmp_path):
     runner.close()
 
 
-def test_saved_checkpoint_is_evaluated_on_its_own(tmp_path):
-    train_and_evaluate(tiny_config(), str(tmp_path))
-    # The run directory gets the resolved config.yaml from the CLI; write it as the CLI does.
-    OmegaConf.save(compose_config(TINY), tmp_path / "config.yaml")
+def test_saved_checkpoint_is_evaluated_on_its_own(finished_tiny_run, tmp_path):
+    tmp_path = copy_of(finished_tiny_run, tmp_path / "run")
     result = run_cli(
         str(tmp_path),
         "--which",
@@ -285,10 +289,11 @@ def test_saved_checkpoint_is_evaluated_on_its_own(tmp_path):
     assert missing.returncode != 0 and "not found" in missing.stderr
 
 
-def test_load_for_evaluation_gives_the_untrained_initialisation_as_init(tmp_path):
-    cfg = tiny_config()
-    train_and_evaluate(cfg, str(tmp_path / "run"))
-    runner = runner_of(cfg, tmp_path / "run")
+def test_load_for_evaluation_gives_the_untrained_initialisation_as_init(
+    finished_tiny_run, tmp_path
+):
+    cfg, run = tiny_config(), finished_tiny_run.path
+    runner = runner_of(cfg, run)
     init = runner.load("init")
     assert (runner.loaded, runner.loaded_step) == ("init", 0)
     runner.close()
@@ -297,7 +302,7 @@ def test_load_for_evaluation_gives_the_untrained_initialisation_as_init(tmp_path
     fresh.close()
     for got, want in zip(jax.tree.leaves(init), jax.tree.leaves(expected), strict=True):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-    runner = runner_of(cfg, tmp_path / "run")
+    runner = runner_of(cfg, run)
     latest = runner.load("latest")
     runner.close()
     assert runner.loaded == "latest" and runner.loaded_step > 0

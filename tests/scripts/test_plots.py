@@ -5,21 +5,15 @@ import math
 import shutil
 
 import pytest
-from omegaconf import OmegaConf
 
-from metalearn.config import to_objects
-from metalearn.runner.loop import train_and_evaluate
 from tests.cli import error_line, run_tool
-from tests.conftest import compose_config
 
 
-def test_learning_curves_and_figure2_from_a_run(tmp_path):
-    composed = compose_config(["+experiment=sinusoid_maml", "+debug=tiny"])
-    train_and_evaluate(to_objects(composed), str(tmp_path))
-    OmegaConf.save(composed, tmp_path / "config.yaml")
+def test_learning_curves_and_figure2_from_a_run(finished_tiny_run, tmp_path):
+    run = finished_tiny_run.path
     for tool, extra in [("plot_learning_curves", []), ("plot_sinusoid", ["--shots", "5"])]:
         out = tmp_path / f"{tool}.png"
-        result = run_tool(tool, str(tmp_path), *extra, "--out", str(out))
+        result = run_tool(tool, str(run), *extra, "--out", str(out))
         assert result.returncode == 0, result.stderr
         assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     missing = run_tool("plot_learning_curves", str(tmp_path / "x"))
