@@ -57,8 +57,8 @@ from metalearn.registry import ALGORITHMS
 class MetaOptNetSVMConfig:
     name: str = "metaoptnet_svm"
     c: float = 0.1  # the SVM's C (reference C_reg = 0.1)
-    iterations: int = 2000  # most accelerated projected-gradient steps per task
-    tolerance: float = 1e-5  # relative KKT residual at which the solver stops
+    iterations: int = 5000  # most accelerated projected-gradient steps per task
+    tolerance: float = 1e-6  # relative KKT residual at which the solver stops
     backward_iterations: int = 500  # most conjugate-gradient steps of the implicit gradient
     scale_init: float = 1.0  # the meta-learned logit scale's start (reference: 1.0)
 
