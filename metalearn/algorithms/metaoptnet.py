@@ -55,6 +55,10 @@ from metalearn.registry import ALGORITHMS
 
 @dataclasses.dataclass
 class MetaOptNetSVMConfig:
+    """MetaOptNet-SVM's settings: the SVM's ``c``, the dual solver's most steps and stopping
+    tolerance (relative KKT residual), the implicit gradient's most conjugate-gradient steps and
+    the logit scale's initial value."""
+
     name: str = "metaoptnet_svm"
     c: float = 0.1  # the SVM's C (reference C_reg = 0.1)
     iterations: int = 5000  # most accelerated projected-gradient steps per task
