@@ -29,7 +29,9 @@ Padded episodes (:class:`~metalearn.data.task.WeightedBatch`, label ``-1``, weig
 padding row has no one-hot label, so its constraints force its ``alpha`` to zero and it never
 enters a class weight. As in Prototypical Networks, a class is a label below the support-set
 size (a static bound on the ways), and classes absent from the support set get their ``alpha``
-fixed at zero and logit ``-inf``.
+fixed at zero and logit ``-inf``. The dual has ``n x classes`` variables, so with many shots
+``algorithm.max_ways`` (the episodes' ways, or more) saves the solver work on the absent ones:
+a label at or above it would be dropped (its example treated as padding).
 """
 
 from __future__ import annotations
@@ -65,19 +67,20 @@ class MetaOptNetSVMConfig:
     tolerance: float = 1e-6  # relative KKT residual at which the solver stops
     backward_iterations: int = 500  # most conjugate-gradient steps of the implicit gradient
     scale_init: float = 1.0  # the meta-learned logit scale's start (reference: 1.0)
+    max_ways: int = 0  # classes are the labels below it; 0: below the support-set size
 
     def __post_init__(self) -> None:
-        for field, ok in (
-            ("c", self.c > 0),
-            ("iterations", self.iterations >= 1),
-            ("tolerance", self.tolerance >= 0),
-            ("backward_iterations", self.backward_iterations >= 1),
+        for field, rule, ok in (
+            ("c", "> 0", self.c > 0),
+            ("iterations", ">= 1", self.iterations >= 1),
+            ("tolerance", ">= 0", self.tolerance >= 0),
+            ("backward_iterations", ">= 1", self.backward_iterations >= 1),
+            ("max_ways", ">= 0 (0: the support-set size)", self.max_ways >= 0),
         ):
             if not ok:
                 raise ValueError(
-                    f"algorithm.{field} of metaoptnet_svm must be "
-                    f"{'> 0' if field == 'c' else '>= 0' if field == 'tolerance' else '>= 1'}"
-                    f", got {getattr(self, field)}"
+                    f"algorithm.{field} of metaoptnet_svm must be {rule}, "
+                    f"got {getattr(self, field)}"
                 )
 
 
@@ -331,7 +334,8 @@ def metaoptnet_svm(
         params = meta["params"]
         support, _ = embed(params, task.support, ctx, 0, train)
         query, state = embed(params, task.query, ctx, 1, train)
-        onehot = _onehot(task.support, task.support[1].shape[0], support.dtype)
+        num_classes = c.max_ways or task.support[1].shape[0]
+        onehot = _onehot(task.support, num_classes, support.dtype)
         logits, residual = svm_logits(support, onehot, query, meta["scale"], c)
         return logits, state, residual
 

@@ -187,6 +187,25 @@ def test_padded_episode_equals_the_unpadded_one():
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree_util.tree_leaves(grads))
 
 
+def test_max_ways_changes_only_the_columns_solved_for():
+    model = cluster_model()
+    task = cluster_task(jax.random.key(6), shots=3, queries=2)
+    results = []
+    for max_ways in (0, WAYS, WAYS + 2):
+        learner = metaoptnet_svm(model.objective, max_ways=max_ways, tolerance=1e-7)
+        meta = learner.init(None, init_params(model))
+        results.append(jax.jit(learner.task_grad)(meta, task, CTX))
+    for grads, aux in results[1:]:
+        np.testing.assert_allclose(aux.metrics["loss"], results[0][1].metrics["loss"], rtol=1e-5)
+        jax.tree_util.tree_map(
+            lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=2e-6),
+            grads,
+            results[0][0],
+        )
+    with pytest.raises(ValueError, match="algorithm.max_ways of metaoptnet_svm must be >= 0"):
+        MetaOptNetSVMConfig(max_ways=-1)
+
+
 def test_adapted_head_predicts_like_the_svm():
     model = cluster_model()
     learner = metaoptnet_svm(model.objective)
