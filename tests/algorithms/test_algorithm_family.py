@@ -14,6 +14,7 @@ from metalearn.config import to_objects
 from metalearn.registry import ALGORITHMS
 from tests.algorithms.problems import (
     CTX,
+    WAYS,
     cluster_model,
     init_params,
     meta_train,
@@ -173,7 +174,10 @@ def test_a_rate_passed_as_data_is_the_rate_the_learner_is_built_with(name):
 # from the random initialisation is ~7). Protonet: cross-entropy and accuracy on Gaussian-cluster
 # tasks (accuracy ~0.35 before, ~0.9 after).
 OUTER = {"reptile": optax.sgd(1.0)}  # epsilon = 1 on the meta-batch mean (Nichol et al.)
-OVERRIDES = {"mamlpp": {"inner_steps": 2}}  # compile time; annealing and LSLR stay on
+OVERRIDES = {
+    "mamlpp": {"inner_steps": 2},  # compile time; annealing and LSLR stay on
+    "metaoptnet_svm": {"max_ways": WAYS},  # the dual for the tasks' ways, not 25 classes
+}
 
 
 @pytest.mark.parametrize("name", NAMES)
