@@ -73,6 +73,22 @@ def test_tiny_version_of_every_experiment_runs(experiment, tmp_path):
         assert all(0.0 <= r["mean"] <= 1.0 for r in accuracy)
 
 
+@pytest.mark.parametrize("model", ["conv4", pytest.param("resnet12", marks=pytest.mark.slow)])
+def test_tiny_run_of_metaoptnet_svm(model, tmp_path):
+    experiment = "omniglot_5w1s_protonet" if model == "conv4" else "cifarfs_5w1s_metaoptnet"
+    overrides = tiny_overrides(experiment, str(tmp_path / "tfds"))
+    if model == "conv4":
+        overrides += ["algorithm=metaoptnet_svm", "model.filters=8"]
+    cfg = to_objects(compose_config(overrides))
+    assert cfg.algorithm.name == "metaoptnet_svm" and cfg.model.name == model
+    with tfds.testing.mock_data(as_data_source_fn=fake_data_source(IMAGE_SHAPES[cfg.data.name])):
+        summary = train_and_evaluate(cfg, str(tmp_path / "run"))
+    assert summary["step"] == cfg.trainer.meta_steps and not summary["interrupted"]
+    records = json.loads((tmp_path / "run" / "eval.json").read_text())
+    accuracy = [r for r in records if r["metric"] == "accuracy"]
+    assert accuracy and all(0.0 <= r["mean"] <= 1.0 and r["nonfinite"] == 0 for r in accuracy)
+
+
 ALGORITHMS = ["maml", "fomaml", "reptile", "anil", "meta_sgd", "mamlpp", "imaml"]
 
 

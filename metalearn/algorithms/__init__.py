@@ -15,6 +15,7 @@ from metalearn.algorithms.imaml import imaml
 from metalearn.algorithms.maml import fomaml, maml
 from metalearn.algorithms.mamlpp import mamlpp
 from metalearn.algorithms.meta_sgd import meta_sgd
+from metalearn.algorithms.metaoptnet import metaoptnet_svm
 from metalearn.algorithms.protonet import protonet
 from metalearn.algorithms.reptile import reptile
 
@@ -29,6 +30,7 @@ __all__ = [
     "maml",
     "mamlpp",
     "meta_sgd",
+    "metaoptnet_svm",
     "protonet",
     "reptile",
 ]

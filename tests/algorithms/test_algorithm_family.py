@@ -14,6 +14,7 @@ from metalearn.config import to_objects
 from metalearn.registry import ALGORITHMS
 from tests.algorithms.problems import (
     CTX,
+    WAYS,
     cluster_model,
     init_params,
     meta_train,
@@ -22,13 +23,24 @@ from tests.algorithms.problems import (
 )
 from tests.conftest import compose_config
 
-NAMES = ["maml", "fomaml", "reptile", "anil", "meta_sgd", "mamlpp", "imaml", "protonet"]
+NAMES = [
+    "maml",
+    "fomaml",
+    "reptile",
+    "anil",
+    "meta_sgd",
+    "mamlpp",
+    "imaml",
+    "protonet",
+    "metaoptnet_svm",
+]
+CLASSIFIERS = {"protonet", "metaoptnet_svm"}  # closed-form heads on an embedding: cluster tasks
 CONF_DIR = os.path.join(os.path.dirname(metalearn.__file__), "conf", "algorithm")
 
 
 def build(name, **overrides):
     config = dataclasses.replace(ALGORITHMS.entry(name).config_cls(), **overrides)
-    model = cluster_model() if name == "protonet" else sine_model()
+    model = cluster_model() if name in CLASSIFIERS else sine_model()
     return ALGORITHMS.build(config, model.objective), model
 
 
@@ -51,7 +63,7 @@ def test_the_whole_family_is_registered_with_a_config_file_each():
 def test_config_file_composes_into_the_factory_defaults(name):
     cfg = to_objects(compose_config([f"algorithm={name}"]))
     assert cfg.algorithm == ALGORITHMS.entry(name).config_cls()
-    build_model = cluster_model if name == "protonet" else sine_model
+    build_model = cluster_model if name in CLASSIFIERS else sine_model
     ALGORITHMS.build(cfg.algorithm, build_model().objective)
 
 
@@ -119,7 +131,7 @@ def test_a_bad_algorithm_value_is_refused_by_to_objects():
         to_objects(compose_config(["+experiment=sinusoid_maml", "algorithm.inner_lr=-1"]))
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if n != "protonet"])
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in CLASSIFIERS])
 def test_a_rate_passed_as_data_is_the_rate_the_learner_is_built_with(name):
     # The runner builds the learner once, outside jit, and passes its hyperparameters back as
     # arguments of the compiled step (TaskContext.hyper): a rate passed so gives exactly the
@@ -162,14 +174,17 @@ def test_a_rate_passed_as_data_is_the_rate_the_learner_is_built_with(name):
 # from the random initialisation is ~7). Protonet: cross-entropy and accuracy on Gaussian-cluster
 # tasks (accuracy ~0.35 before, ~0.9 after).
 OUTER = {"reptile": optax.sgd(1.0)}  # epsilon = 1 on the meta-batch mean (Nichol et al.)
-OVERRIDES = {"mamlpp": {"inner_steps": 2}}  # compile time; annealing and LSLR stay on
+OVERRIDES = {
+    "mamlpp": {"inner_steps": 2},  # compile time; annealing and LSLR stay on
+    "metaoptnet_svm": {"max_ways": WAYS},  # the dual for the tasks' ways, not 25 classes
+}
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_meta_training_under_jit_and_vmap_reduces_the_loss(name):
     learner, model = build(name, **OVERRIDES.get(name, {}))
     meta_params = learner.init(jax.random.key(0), init_params(model, 1))
-    batches, held_out = task_pool("clusters" if name == "protonet" else "sine")
+    batches, held_out = task_pool("clusters" if name in CLASSIFIERS else "sine")
     inner_steps = getattr(learner_config(name), "inner_steps", 0)
     evaluate = jax.jit(jax.vmap(learner.evaluate, in_axes=(None, 0, None, None)), static_argnums=3)
 
@@ -182,7 +197,7 @@ def test_meta_training_under_jit_and_vmap_reduces_the_loss(name):
     trained, metrics = meta_train(learner, meta_params, batches, optimizer)
     after = mean_metrics(trained)
     assert all(np.all(np.isfinite(x)) for x in jax.tree_util.tree_leaves((trained, metrics)))
-    if name == "protonet":
+    if name in CLASSIFIERS:
         assert after["loss"][0] < 0.5 * before["loss"][0]
         assert after["accuracy"][0] > 0.8 > before["accuracy"][0] + 0.2
     else:

@@ -190,7 +190,18 @@ def test_processes_that_check_one_output_directory_at_once_all_pass(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "algorithm", ["maml", "fomaml", "reptile", "anil", "meta_sgd", "mamlpp", "imaml", "protonet"]
+    "algorithm",
+    [
+        "maml",
+        "fomaml",
+        "reptile",
+        "anil",
+        "meta_sgd",
+        "mamlpp",
+        "imaml",
+        "protonet",
+        "metaoptnet_svm",
+    ],
 )
 def test_every_algorithm_composes_with_the_sinusoid_experiment(algorithm):
     cfg = to_objects(compose_config(["+experiment=sinusoid_maml", f"algorithm={algorithm}"]))

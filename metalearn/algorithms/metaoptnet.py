@@ -1,0 +1,375 @@
+"""MetaOptNet-SVM (Lee, Maji, Ravichandran and Soatto 2019): a multi-class linear SVM head.
+
+For each task, a Crammer-Singer multi-class SVM is fitted on the support embeddings
+(``model.embed``) by solving its dual quadratic program, as the reference code
+(kjunelee/MetaOptNet, ``models/classification_heads.py``, ``MetaOptNetHead_SVM_CS``) states it::
+
+    min_alpha  1/2 sum_k alpha[:, k]^T (K + I) alpha[:, k] - sum_ik Y_ik alpha_ik
+    s.t.       alpha_ik <= C Y_ik,   sum_k alpha_ik = 0          (every support example i)
+
+with ``K`` the support Gram matrix, ``Y`` the one-hot labels and ``C = 0.1``; the identity is
+the reference's ridge on the block kernel (it makes the problem strongly convex). The class
+weights are ``w_k = sum_i alpha_ik x_i`` and a query's logits ``scale * x_q . w_k``, with a
+meta-learned ``scale`` (initialised at 1, as the reference's ``ClassificationHead``). The outer
+loop trains the embedding (and the scale) on the query cross-entropy, differentiating through
+the solution implicitly.
+
+The solver works on the structure: the Hessian is ``(K + I)`` per class column (``n x n`` for
+``n`` support examples, never the ``n*ways`` square), and each example's constraints say that
+``C Y_i - alpha_i`` lies in the simplex of radius ``C``, onto which a projection is a sort. It is
+an accelerated projected gradient method (FISTA with gradient restart) run until the relative
+fixed-point (KKT) residual ``max |alpha - proj(alpha - grad / L)| / C`` is below ``tolerance``
+or ``iterations`` are spent. Its gradient is implicit (``jax.custom_vjp``): on the free
+coordinates the KKT conditions are linear, and the adjoint system ``P (K + I) P u = P v``
+(``P`` the projection onto the directions the active bounds and the sum constraint leave free)
+is solved by conjugate gradients. See experiments/benchmarks/metaoptnet_svm_head.md for the
+measurements behind this choice (against qpax's interior point method).
+
+Padded episodes (:class:`~metalearn.data.task.WeightedBatch`, label ``-1``, weight 0) work: a
+padding row has no one-hot label, so its constraints force its ``alpha`` to zero and it never
+enters a class weight. As in Prototypical Networks, a class is a label below the support-set
+size (a static bound on the ways), and classes absent from the support set get their ``alpha``
+fixed at zero and logit ``-inf``. The dual has ``n x classes`` variables, so with many shots
+``algorithm.max_ways`` (the episodes' ways, or more) saves the solver work on the absent ones:
+a label at or above it would be dropped (its example treated as padding).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from metalearn.algorithms.base import MetaLearner, split_top_level, with_config
+from metalearn.data.task import (
+    Aux,
+    Objective,
+    Task,
+    WeightedBatch,
+    apply_to_batch,
+    describe,
+    supervised_loss_and_metrics,
+)
+from metalearn.registry import ALGORITHMS
+
+
+@dataclasses.dataclass
+class MetaOptNetSVMConfig:
+    """MetaOptNet-SVM's settings: the SVM's ``c``, the dual solver's most steps and stopping
+    tolerance (relative KKT residual), the implicit gradient's most conjugate-gradient steps and
+    the logit scale's initial value."""
+
+    name: str = "metaoptnet_svm"
+    c: float = 0.1  # the SVM's C (reference C_reg = 0.1)
+    iterations: int = 5000  # most accelerated projected-gradient steps per task
+    tolerance: float = 1e-6  # relative KKT residual at which the solver stops
+    backward_iterations: int = 500  # most conjugate-gradient steps of the implicit gradient
+    scale_init: float = 1.0  # the meta-learned logit scale's start (reference: 1.0)
+    max_ways: int = 0  # classes are the labels below it; 0: below the support-set size
+
+    def __post_init__(self) -> None:
+        for field, rule, ok in (
+            ("c", "> 0", self.c > 0),
+            ("iterations", ">= 1", self.iterations >= 1),
+            ("tolerance", ">= 0", self.tolerance >= 0),
+            ("backward_iterations", ">= 1", self.backward_iterations >= 1),
+            ("max_ways", ">= 0 (0: the support-set size)", self.max_ways >= 0),
+        ):
+            if not ok:
+                raise ValueError(
+                    f"algorithm.{field} of metaoptnet_svm must be {rule}, "
+                    f"got {getattr(self, field)}"
+                )
+
+
+# --- the dual QP ------------------------------------------------------------------------------
+
+
+def project_rows(z: jax.Array, radius: jax.Array, mask: jax.Array) -> jax.Array:
+    """Each row of ``z`` projected onto ``{b >= 0, sum b = radius, b = 0 off mask}`` (sort).
+
+    >>> import jax.numpy as jnp
+    >>> z, keep = jnp.array([[0.5, 0.2, 3.0]]), jnp.array([True, True, False])
+    >>> [round(b, 4) for b in project_rows(z, jnp.array([1.0]), keep)[0].tolist()]
+    [0.65, 0.35, 0.0]
+    """
+    lowest = jnp.min(jnp.where(mask, z, jnp.inf), axis=-1, keepdims=True)
+    z = jnp.where(mask, z, lowest - radius[:, None] - 1.0)  # below any threshold: projected to 0
+    ordered = -jnp.sort(-z, axis=-1)
+    cumulative = jnp.cumsum(ordered, axis=-1) - radius[:, None]
+    count = jnp.arange(1, z.shape[-1] + 1, dtype=z.dtype)
+    kept = jnp.sum(ordered - cumulative / count > 0, axis=-1, keepdims=True)
+    kept = jnp.maximum(kept, 1)
+    threshold = jnp.take_along_axis(cumulative, kept - 1, axis=-1) / kept.astype(z.dtype)
+    return jnp.where(mask, jnp.maximum(z - threshold, 0.0), 0.0)
+
+
+def _project_dual(alpha, bound, radius, present):
+    """The feasible point nearest ``alpha``: ``alpha_i <= bound_i``, ``sum_k alpha_ik = 0``."""
+    return bound - project_rows(bound - alpha, radius, present)
+
+
+def _solve(gram, onehot, c, iterations, tolerance):
+    """``(alpha, residual, steps)`` by FISTA with gradient restart on the dual."""
+    dtype = gram.dtype
+    present = jnp.sum(onehot, axis=0) > 0
+    bound = c * onehot
+    radius = c * jnp.sum(onehot, axis=1)
+    hessian = gram + jnp.eye(gram.shape[0], dtype=dtype)
+    lipschitz = jnp.linalg.eigvalsh(hessian)[-1]
+    project = functools.partial(_project_dual, bound=bound, radius=radius, present=present)
+
+    def step(point):
+        return project(point - (hessian @ point - onehot) / lipschitz)
+
+    def residual(alpha):
+        return jnp.max(jnp.abs(alpha - step(alpha))) / c
+
+    def cond(carry):
+        _, _, _, i, res = carry
+        return (i < iterations) & (res > tolerance)
+
+    def body(carry):
+        alpha, point, t, i, _ = carry
+        new = step(point)
+        t_new = (1.0 + jnp.sqrt(1.0 + 4.0 * t * t)) / 2.0
+        restart = jnp.sum((point - new) * (new - alpha)) > 0
+        momentum = jnp.where(restart, 0.0, (t - 1.0) / t_new)
+        t_new = jnp.where(restart, jnp.ones_like(t), t_new)
+        return new, new + momentum * (new - alpha), t_new, i + 1, residual(new)
+
+    start = jnp.zeros_like(onehot)
+    one = jnp.ones((), dtype)
+    init = (start, start, one, jnp.zeros((), jnp.int32), jnp.asarray(jnp.inf, dtype))
+    alpha, _, _, steps, res = jax.lax.while_loop(cond, body, init)
+    return alpha, res, steps
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def svm_dual(gram, onehot, c, iterations, tolerance, backward_iterations):
+    """``(alpha [n, classes], residual, steps)``: the Crammer-Singer dual's solution for the Gram
+    matrix ``gram [n, n]`` and one-hot labels ``onehot [n, classes]`` (a zero row: padding, its
+    alpha is 0; a zero column: an absent class, its alpha is 0), the relative KKT residual
+    reached and the solver steps taken. Differentiable in ``gram`` (implicitly)."""
+    return _solve(gram, onehot, c, iterations, tolerance)
+
+
+def _svm_dual_fwd(gram, onehot, c, iterations, tolerance, backward_iterations):
+    out = _solve(gram, onehot, c, iterations, tolerance)
+    return out, (gram, onehot, out[0])
+
+
+def _svm_dual_bwd(c, iterations, tolerance, backward_iterations, saved, cotangents):
+    gram, onehot, alpha = saved
+    v = cotangents[0]
+    # Free coordinates: a present class whose bound is not active (alpha exactly at the bound
+    # is the projection's output 0, so the comparison is exact).
+    free = (jnp.sum(onehot, axis=0) > 0)[None, :] & (c * onehot - alpha > 0)
+    free = free.astype(gram.dtype)
+    counts = jnp.maximum(jnp.sum(free, axis=1, keepdims=True), 1.0)
+
+    def tangent(z):  # projection onto the directions the active constraints leave free
+        z = z * free
+        return free * (z - jnp.sum(z, axis=1, keepdims=True) / counts)
+
+    def operator(z):
+        z = tangent(z)
+        return tangent(gram @ z + z)
+
+    u = _conjugate_gradient(operator, tangent(v), backward_iterations)
+    u = tangent(u)
+    return -u @ alpha.T, jnp.zeros_like(onehot)
+
+
+svm_dual.defvjp(_svm_dual_fwd, _svm_dual_bwd)
+
+
+def _conjugate_gradient(operator, rhs, iterations):
+    """Conjugate gradients for a positive semi-definite ``operator`` and ``rhs`` in its range,
+    from 0, until the residual is at the dtype's rounding level (a step of zero curvature, which
+    exact convergence in fewer steps than the dimension gives, ends it instead of dividing 0/0).
+    """
+    tiny = (10 * jnp.finfo(rhs.dtype).eps) ** 2 * jnp.sum(rhs * rhs)
+
+    def cond(carry):
+        _, residual, _, rr, i, done = carry
+        return (i < iterations) & (rr > tiny) & ~done
+
+    def body(carry):
+        x, residual, direction, rr, i, _ = carry
+        image = operator(direction)
+        curvature = jnp.sum(direction * image)
+        done = curvature <= 0
+        step = jnp.where(done, 0.0, rr / jnp.where(done, 1.0, curvature))
+        x = x + step * direction
+        residual = residual - step * image
+        rr_new = jnp.sum(residual * residual)
+        direction = (
+            residual + jnp.where(rr > 0, rr_new / jnp.where(rr > 0, rr, 1.0), 0.0) * direction
+        )
+        return x, residual, direction, rr_new, i + 1, done
+
+    rr = jnp.sum(rhs * rhs)
+    init = (jnp.zeros_like(rhs), rhs, rhs, rr, jnp.zeros((), jnp.int32), jnp.zeros((), bool))
+    return jax.lax.while_loop(cond, body, init)[0]
+
+
+def svm_logits(
+    support_embeddings: jax.Array,
+    onehot: jax.Array,
+    query_embeddings: jax.Array,
+    scale: jax.Array,
+    config: MetaOptNetSVMConfig,
+) -> tuple[jax.Array, jax.Array]:
+    """``(logits [queries, classes], residual)``: ``scale * x_q . w_k`` of the fitted SVM, ``-inf``
+    for a class absent from the support set; the relative KKT residual the solver reached."""
+    alpha, residual = class_weights_dual(support_embeddings, onehot, config)
+    weights = alpha.T @ support_embeddings
+    logits = scale * (query_embeddings @ weights.T)
+    present = jnp.sum(onehot, axis=0) > 0
+    return jnp.where(present[None, :], logits, -jnp.inf), residual
+
+
+def class_weights_dual(support_embeddings, onehot, config: MetaOptNetSVMConfig):
+    """``(alpha, residual)`` of the SVM on these support embeddings and one-hot labels."""
+    gram = support_embeddings @ support_embeddings.T
+    alpha, residual, _ = svm_dual(
+        gram,
+        onehot.astype(gram.dtype),
+        config.c,
+        config.iterations,
+        config.tolerance,
+        config.backward_iterations,
+    )
+    return alpha, residual
+
+
+# --- the learner ------------------------------------------------------------------------------
+
+
+def _check_classification(batch) -> None:
+    labels = batch[1]
+    if not jnp.issubdtype(labels.dtype, jnp.integer) or labels.ndim != 1:
+        raise ValueError(
+            "algorithm=metaoptnet_svm needs a classification task family (integer class labels "
+            f"of shape [examples]); got labels of dtype {labels.dtype} and shape {labels.shape}"
+            " (regression tasks such as sinusoid have no classes to fit an SVM to)"
+        )
+
+
+def _check_embeddings(embeddings) -> None:
+    if hasattr(embeddings, "shape") and embeddings.ndim == 2:
+        return
+    raise ValueError(
+        f"algorithm=metaoptnet_svm: the model's embed (ModelParts(embed=...)) returned "
+        f"{describe(embeddings)}, not one array of features [examples, features] to fit the SVM "
+        "on: return the features alone, flattened per example; see docs/extending.md (a model)"
+    )
+
+
+def _onehot(batch, num_classes: int, dtype) -> jax.Array:
+    """One-hot labels; a padding row (label -1, or weight 0) is a zero row."""
+    onehot = jax.nn.one_hot(batch[1], num_classes, dtype=dtype)
+    if isinstance(batch, WeightedBatch):
+        onehot = onehot * (batch.weights > 0).astype(dtype)[:, None]
+    return onehot
+
+
+def _key(ctx, stream: int):
+    return None if ctx.key is None else jax.random.fold_in(ctx.key, stream)
+
+
+@ALGORITHMS.register("metaoptnet_svm", MetaOptNetSVMConfig)
+def metaoptnet_svm(
+    objective: Objective, config: MetaOptNetSVMConfig | None = None, **overrides
+) -> MetaLearner:
+    """MetaOptNet-SVM on the model's declared embedding; the meta-parameters are
+    ``{"params": model parameters, "scale": the logit scale}``.
+
+    ``adapt`` returns the model parameters with the head replaced by the fitted SVM (kernel
+    ``scale * w_k``, bias 0, ``-inf`` for an absent class), so the model's ``apply`` predicts
+    like the SVM; this needs a declared head of one Dense entry (``kernel [dim, ways]``,
+    ``bias [ways]``) fed by the embedding.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from metalearn.algorithms.base import context
+    >>> from metalearn.data.task import Task, supervised_objective
+    >>> from metalearn.models.base import ModelParts, model_from_flax
+    >>> from metalearn.models.mlp import MLP
+    >>> model = model_from_flax(MLP((32, 16), 3), (4,), ModelParts(head="head", embed="embed"))
+    >>> learner = metaoptnet_svm(supervised_objective(model, "classification"))
+    >>> params, state = model.init(jax.random.key(1))
+    >>> meta, ctx = learner.init(jax.random.key(0), params), context(state)
+    >>> x = jax.random.normal(jax.random.key(2), (12, 4))
+    >>> labels = jnp.tile(jnp.arange(3), 4)
+    >>> task = Task(support=(x[:6], labels[:6]), query=(x[6:], labels[6:]))
+    >>> grads, aux = jax.jit(learner.task_grad)(meta, task, ctx)
+    >>> sorted(aux.metrics), sorted(grads)
+    (['accuracy', 'loss', 'svm_residual'], ['params', 'scale'])
+    """
+    c = with_config(MetaOptNetSVMConfig, config, overrides)
+    model = objective.model
+    if model is None or model.embed is None:
+        raise ValueError(
+            "algorithm=metaoptnet_svm needs a model that declares an embedding "
+            "(ModelParts(embed=...) where the model is registered); this model declares none"
+        )
+
+    def init(key, model_params):
+        del key
+        return {"params": model_params, "scale": jnp.asarray(c.scale_init, jnp.float32)}
+
+    def embed(params, batch, ctx, stream, train):
+        features, state = apply_to_batch(
+            model.embed, params, ctx.model_state, _key(ctx, stream), batch, train
+        )
+        _check_embeddings(features)
+        return features, state
+
+    def logits_and_state(meta, task: Task, ctx, train=True):
+        _check_classification(task.support)
+        _check_classification(task.query)
+        params = meta["params"]
+        support, _ = embed(params, task.support, ctx, 0, train)
+        query, state = embed(params, task.query, ctx, 1, train)
+        num_classes = c.max_ways or task.support[1].shape[0]
+        onehot = _onehot(task.support, num_classes, support.dtype)
+        logits, residual = svm_logits(support, onehot, query, meta["scale"], c)
+        return logits, state, residual
+
+    def task_grad(meta, task: Task, ctx):
+        def query_loss(m):
+            logits, state, residual = logits_and_state(m, task, ctx)
+            loss, metrics = supervised_loss_and_metrics("classification", logits, task.query)
+            return loss, Aux(state, {**metrics, "svm_residual": residual})
+
+        (_, aux), grads = jax.value_and_grad(query_loss, has_aux=True)(meta)
+        return grads, aux
+
+    def evaluate(meta, task: Task, ctx, steps):
+        logits, _, _ = logits_and_state(meta, task, ctx, train=False)
+        _, metrics = supervised_loss_and_metrics("classification", logits, task.query)
+        return {k: jnp.broadcast_to(v, (len(tuple(steps)),)) for k, v in metrics.items()}
+
+    def adapt_params(meta, support, ctx, inner_steps=0):
+        del inner_steps  # no inner loop
+        _check_classification(support)
+        params = meta["params"]
+        head, _ = split_top_level(params, tuple(model.head))
+        entry = head[model.head[0]] if len(head) == 1 else None
+        if entry is None or set(entry) != {"kernel", "bias"} or entry["kernel"].ndim != 2:
+            raise ValueError(
+                "metaoptnet_svm's adapt writes the SVM into the head and needs a head of one "
+                "Dense entry with 'kernel' [dim, ways] and 'bias' [ways]"
+            )
+        num_classes = entry["kernel"].shape[1]
+        features, _ = embed(params, support, ctx, 0, False)
+        onehot = _onehot(support, num_classes, features.dtype)
+        alpha, _ = class_weights_dual(features, onehot, c)
+        kernel = meta["scale"] * (features.T @ alpha)
+        bias = jnp.where(jnp.sum(onehot, axis=0) > 0, 0.0, -jnp.inf).astype(kernel.dtype)
+        return {**params, model.head[0]: {"kernel": kernel, "bias": bias}}
+
+    return MetaLearner(init, task_grad, evaluate, adapt_params)
