@@ -44,6 +44,15 @@ def check_settings(plan: RunPlan) -> None:
             f"{', '.join(changed)} would have no effect: algorithm={cfg.algorithm.name} takes "
             f"its outer step with {settings}, not the optimizer section; drop the setting"
         )
+    # A head solved for fewer classes than an episode has would drop the others' examples.
+    max_ways = getattr(cfg.algorithm, "max_ways", 0)
+    ways = max(getattr(cfg.data, "ways", 0) or 0, getattr(cfg.data, "train_ways", 0) or 0)
+    if 0 < max_ways < ways:
+        raise ValueError(
+            f"algorithm.max_ways={max_ways} is below the episodes' {ways} ways (data.ways, "
+            f"data.train_ways): the examples of the other classes would be dropped; set "
+            f"algorithm.max_ways={ways}, or 0 for the support-set size"
+        )
     error = lapack_batch_error(cfg, plan.task_batching, plan.platform, plan.device_count)
     if error:
         raise ValueError(error)

@@ -244,3 +244,20 @@ def test_one_line_errors():
     task = cluster_task(jax.random.key(0))
     with pytest.raises(ValueError, match="head of one Dense entry"):
         metaoptnet_svm(cluster.objective).adapt(meta, task.support, CTX, 0)
+
+
+def test_max_ways_below_the_episodes_ways_is_refused_before_the_run(tmp_path):
+    # The solver would treat the examples of labels >= max_ways as padding: a silent loss of
+    # classes. The config says both numbers, so the run is refused before it is built.
+    from metalearn.config import to_objects
+    from tests.conftest import compose_config, runner_of
+
+    overrides = [
+        "+experiment=omniglot_5w1s_protonet_cpu",
+        "+debug=tiny",
+        "algorithm=metaoptnet_svm",
+    ]
+    cfg = to_objects(compose_config([*overrides, "algorithm.max_ways=3"]))
+    # This experiment trains on 60-way episodes (data.train_ways) and tests on 5-way ones.
+    with pytest.raises(ValueError, match=r"algorithm.max_ways=3 is below the episodes' 60 ways"):
+        runner_of(cfg, tmp_path)
