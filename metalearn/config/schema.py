@@ -15,7 +15,7 @@ from omegaconf import MISSING
 from metalearn.core.batching import TASK_BATCHING, is_task_batching
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
-SCHEDULES = ("constant", "cosine")
+SCHEDULES = ("constant", "cosine", "step")
 MAX_SEED = 2**32 - 1  # JAX keys are built from 32 bits of the seed: larger seeds collide
 MAX_INT32 = 2**31 - 1  # JAX computes with 32-bit integers: step counts, sizes, shapes
 # Glob's special characters: orbax finds a checkpoint's pieces with glob on its save path.
@@ -87,11 +87,17 @@ class OptimizerConfig:
 
     name: str = "adam"  # adam | adamw | sgd
     lr: float = 1e-3
-    schedule: str = "constant"  # constant | cosine (cosine decays to lr * final_lr_fraction)
+    # constant | cosine (decays to lr * final_lr_fraction) | step (lr * step_factors[i] from
+    # meta-step step_boundaries[i] on)
+    schedule: str = "constant"
     final_lr_fraction: float = 0.0
+    step_boundaries: list[int] = dataclasses.field(default_factory=list)
+    step_factors: list[float] = dataclasses.field(default_factory=list)
     warmup_steps: int = 0
-    weight_decay: float = 0.0  # adamw only
+    # adamw: decoupled from the gradient; sgd: added to it before the momentum (PyTorch's SGD)
+    weight_decay: float = 0.0
     momentum: float = 0.0  # sgd only
+    nesterov: bool = False  # sgd with momentum only
     grad_clip_norm: float = 0.0  # 0 disables clipping
 
     def __post_init__(self) -> None:
@@ -104,15 +110,44 @@ class OptimizerConfig:
             f"optimizer.schedule must be one of {SCHEDULES}, got {self.schedule!r}",
         )
         check_at_least(self, "optimizer", 0, "warmup_steps", "grad_clip_norm", "weight_decay")
-        check_used_by(self, "optimizer", "weight_decay", "adamw")
+        require(
+            self.weight_decay == 0 or name in ("adamw", "sgd"),
+            f"optimizer.weight_decay={self.weight_decay} is used by optimizer.name=adamw or sgd "
+            f"only, and optimizer.name={name}: set one of those, or leave weight_decay at 0",
+        )
         require(
             0 <= self.momentum < 1, f"optimizer.momentum must be in [0, 1), got {self.momentum}"
         )
         check_used_by(self, "optimizer", "momentum", "sgd")
         require(
+            not self.nesterov or (name == "sgd" and self.momentum > 0),
+            "optimizer.nesterov=true needs optimizer.name=sgd with optimizer.momentum > 0",
+        )
+        self._check_steps()
+        require(
             0 <= self.final_lr_fraction <= 1,
             f"optimizer.final_lr_fraction must be in [0, 1], got {self.final_lr_fraction}",
         )
+
+    def _check_steps(self) -> None:
+        bounds, factors = list(self.step_boundaries), list(self.step_factors)
+        if self.schedule != "step":
+            require(
+                not bounds and not factors,
+                "optimizer.step_boundaries and step_factors are read by optimizer.schedule=step "
+                f"only, and optimizer.schedule={self.schedule}: set it, or leave them empty",
+            )
+            return
+        require(
+            len(bounds) == len(factors) >= 1,
+            f"optimizer.schedule=step needs as many step_factors as step_boundaries (at least "
+            f"one), got {len(factors)} and {len(bounds)}",
+        )
+        require(
+            all(a < b for a, b in zip([0, *bounds], bounds, strict=False)),
+            f"optimizer.step_boundaries must be increasing meta-steps > 0, got {bounds}",
+        )
+        require(all(f > 0 for f in factors), f"optimizer.step_factors must be > 0, got {factors}")
 
 
 @dataclasses.dataclass

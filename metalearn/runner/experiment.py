@@ -84,15 +84,29 @@ class Experiment(NamedTuple):
 def learning_rate(
     cfg: OptimizerConfig, meta_steps: int, lr: float | jax.Array | None = None
 ) -> float | jax.Array | optax.Schedule:
-    """The outer learning rate or schedule: ``constant`` (optional linear warm-up) or
-    ``cosine`` (warm-up, then a decay to ``lr * final_lr_fraction`` at ``meta_steps``).
+    """The outer learning rate or schedule: ``constant`` (optional linear warm-up),
+    ``cosine`` (warm-up, then a decay to ``lr * final_lr_fraction`` at ``meta_steps``) or
+    ``step`` (warm-up, then ``lr * step_factors[i]`` from meta-step ``step_boundaries[i]`` on).
     ``lr`` (default ``cfg.lr``) may be traced.
 
     >>> schedule = learning_rate(OptimizerConfig(schedule="cosine", final_lr_fraction=0.01), 100)
     >>> round(float(schedule(0)), 8), round(float(schedule(100)), 8)
     (0.001, 1e-05)
+    >>> stepped = OptimizerConfig(schedule="step", step_boundaries=[2, 4], step_factors=[0.1, 0.01])
+    >>> [round(float(learning_rate(stepped, 10)(k)), 8) for k in range(6)]
+    [0.001, 0.001, 0.0001, 0.0001, 1e-05, 1e-05]
     """
     lr = cfg.lr if lr is None else lr
+    if cfg.schedule == "step":
+        boundaries = jnp.asarray(cfg.step_boundaries)
+        factors = jnp.asarray([1.0, *cfg.step_factors], jnp.float32)
+        warmup = max(cfg.warmup_steps, 1)
+
+        def stepped(count):
+            rate = lr * factors[jnp.searchsorted(boundaries, count, side="right")]
+            return jnp.where(count < cfg.warmup_steps, rate * count / warmup, rate)
+
+        return stepped
     if cfg.schedule == "cosine":
         # optax.warmup_cosine_decay_schedule, spelled out: it compares a traced rate with 0.
         decay_steps = max(meta_steps, cfg.warmup_steps + 1)
@@ -111,7 +125,8 @@ def learning_rate(
 
 
 def build_optimizer(cfg: OptimizerConfig, meta_steps: int) -> optax.GradientTransformationExtraArgs:
-    """The outer optimiser: adam | adamw | sgd at :func:`learning_rate`, optional clipping.
+    """The outer optimiser: adam | adamw | sgd (momentum, Nesterov's, weight decay) at
+    :func:`learning_rate`, optional clipping.
 
     Its rate is data, ``update(..., learning_rate=lr)`` (default ``cfg.lr``), and its state
     that of ``optax.adam(lr)`` (``adamw``, ``sgd``), so checkpoints of either restore into both.
@@ -127,8 +142,10 @@ def build_optimizer(cfg: OptimizerConfig, meta_steps: int) -> optax.GradientTran
         statistics = [optax.scale_by_adam()]
     elif cfg.name == "adamw":
         statistics = [optax.scale_by_adam(), optax.add_decayed_weights(cfg.weight_decay)]
-    else:
-        statistics = [optax.trace(decay=cfg.momentum) if cfg.momentum else optax.identity()]
+    else:  # weight decay as PyTorch's SGD adds it: to the gradient, before the momentum
+        decay = [optax.add_decayed_weights(cfg.weight_decay)] if cfg.weight_decay else []
+        momentum = optax.trace(decay=cfg.momentum, nesterov=cfg.nesterov)
+        statistics = [*decay, momentum if cfg.momentum else optax.identity()]
 
     def at_rate(lr) -> optax.GradientTransformation:  # optax's own arithmetic, at this rate
         return optax.scale_by_learning_rate(learning_rate(cfg, meta_steps, lr))

@@ -4,11 +4,15 @@ import re
 import subprocess
 import sys
 
+import jax.numpy as jnp
+import numpy as np
+import optax
 import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from metalearn.config import to_objects
+from metalearn.config import OptimizerConfig, to_objects
+from metalearn.runner.experiment import build_optimizer
 from tests.cli import checkout_env, run_in_process
 from tests.conftest import EXPERIMENTS, compose_config, experiment_of
 
@@ -290,21 +294,62 @@ def test_policy_scales_beyond_float32_are_refused(override, message):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        # Adam and SGD ignored weight_decay, Adam and AdamW ignored momentum: silently.
-        (["optimizer.weight_decay=0.1"], "used by optimizer.name=adamw only"),
+        # Adam ignored weight_decay, Adam and AdamW ignored momentum: silently.
+        (["optimizer.weight_decay=0.1"], "used by optimizer.name=adamw or sgd only"),
         (["optimizer.name=adamw", "optimizer.weight_decay=-1"], "weight_decay must be >= 0"),
         (["optimizer.momentum=0.9"], "used by optimizer.name=sgd only"),
         (["optimizer.name=sgd", "optimizer.momentum=1.5"], "momentum must be in [0, 1)"),
+        (["optimizer.nesterov=true"], "optimizer.nesterov=true needs optimizer.name=sgd with"),
+        (["optimizer.name=sgd", "optimizer.nesterov=true"], "with optimizer.momentum > 0"),
+        (
+            ["optimizer.step_boundaries=[10]", "optimizer.step_factors=[0.1]"],
+            "read by optimizer.schedule=step only, and optimizer.schedule=constant",
+        ),
+        (["optimizer.schedule=step"], "needs as many step_factors as step_boundaries (at least"),
+        (
+            ["optimizer.schedule=step", "optimizer.step_boundaries=[10,5]"]
+            + ["optimizer.step_factors=[0.1,0.01]"],
+            "step_boundaries must be increasing meta-steps > 0, got [10, 5]",
+        ),
+        (
+            ["optimizer.schedule=step", "optimizer.step_boundaries=[10]"]
+            + ["optimizer.step_factors=[0]"],
+            "step_factors must be > 0, got [0.0]",
+        ),
     ],
 )
 def test_optimizer_settings_the_optimizer_does_not_use_are_refused(overrides, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         to_objects(compose_config(["+experiment=sinusoid_maml", *overrides]))
-    to_objects(
-        compose_config(
-            ["+experiment=sinusoid_maml", "optimizer.name=adamw", "optimizer.weight_decay=0.1"]
-        )
-    )  # where it is used: accepted
+    for used in (["optimizer.name=adamw"], ["optimizer.name=sgd", "optimizer.momentum=0.9"]):
+        overrides = [*used, "optimizer.weight_decay=0.1"]
+        to_objects(compose_config(["+experiment=sinusoid_maml", *overrides]))  # accepted
+
+
+def test_sgd_with_nesterov_weight_decay_and_steps_takes_pytorchs_updates():
+    """Three updates of optimizer.name=sgd with Nesterov momentum, weight decay and a step
+    schedule against PyTorch's SGD algorithm written out in NumPy (torch.optim.SGD's docs)."""
+    cfg = OptimizerConfig(
+        name="sgd",
+        lr=0.1,
+        momentum=0.9,
+        nesterov=True,
+        weight_decay=5e-4,
+        schedule="step",
+        step_boundaries=[1, 2],
+        step_factors=[0.06, 0.012],
+    )
+    optimizer = build_optimizer(cfg, meta_steps=3)
+    params = {"w": jnp.array([1.0, -2.0])}
+    state = optimizer.init(params)
+    w, buf = np.array([1.0, -2.0]), None
+    for step, grad in enumerate([[0.5, 0.25], [-1.0, 2.0], [0.3, -0.7]]):
+        update, state = optimizer.update({"w": jnp.array(grad)}, state, params)
+        params = optax.apply_updates(params, update)
+        g = np.array(grad) + 5e-4 * w
+        buf = g if buf is None else 0.9 * buf + g
+        w = w - 0.1 * [1.0, 0.06, 0.012][step] * (g + 0.9 * buf)
+        np.testing.assert_allclose(np.asarray(params["w"]), w, rtol=1e-6)
 
 
 def test_maml_rl_with_trpo_refuses_optimizer_settings_it_would_ignore():
