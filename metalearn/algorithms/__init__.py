@@ -11,11 +11,13 @@ returns a :class:`MetaLearner` of pure functions, as optax's transforms are func
 
 from metalearn.algorithms.anil import anil
 from metalearn.algorithms.base import InnerLoopConfig, MetaLearner, TaskContext, context
+from metalearn.algorithms.boil import boil
 from metalearn.algorithms.imaml import imaml
 from metalearn.algorithms.maml import fomaml, maml
 from metalearn.algorithms.mamlpp import mamlpp
 from metalearn.algorithms.meta_sgd import meta_sgd
 from metalearn.algorithms.protonet import protonet
+from metalearn.algorithms.r2d2 import r2d2
 from metalearn.algorithms.reptile import reptile
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "MetaLearner",
     "TaskContext",
     "anil",
+    "boil",
     "context",
     "fomaml",
     "imaml",
@@ -30,5 +33,6 @@ __all__ = [
     "mamlpp",
     "meta_sgd",
     "protonet",
+    "r2d2",
     "reptile",
 ]
