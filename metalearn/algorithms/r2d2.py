@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -48,10 +50,19 @@ FORMS = ("auto", "primal", "dual")
 
 @dataclasses.dataclass
 class R2D2Config:
+    # Read in training only (metalearn.evaluate refuses them as overrides).
+    TRAINING_ONLY: ClassVar[Mapping[str, str]] = {
+        "lambda_init": "it initialises the learned lambda; the evaluation uses the checkpoint's",
+        "scale_init": "it initialises the learned scale; the evaluation uses the checkpoint's",
+        "bias_init": "it initialises the learned offset; the evaluation uses the checkpoint's",
+    }
+
     name: str = "r2d2"
     lambda_init: float = 1.0  # the ridge penalty's start (learned as log lambda)
     scale_init: float = 1.0  # the logits' learned scale alpha
-    bias_init: float = 0.0  # the logits' learned offset beta
+    # The logits' learned offset beta (the paper's; one offset on every logit, so the softmax
+    # cross-entropy does not depend on it and its gradient is 0).
+    bias_init: float = 0.0
     # "auto": the dual (Woodbury) form when the support set has fewer examples than features,
     # else the primal; "primal" / "dual" force one (the same W, up to rounding).
     form: str = "auto"
