@@ -144,7 +144,7 @@ def test_help_lists_only_the_options_a_command_line_may_select():
     result = run_in_process("+experiment=sinusoid_maml", "--help")
     assert result.returncode == 0, result.stderr
     groups = result.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
-    assert "algorithm: anil, fomaml," in groups and "experiment: cifarfs_5w1s," in groups
+    assert "algorithm: anil, boil, fomaml," in groups and "experiment: cifarfs_5w1s," in groups
     assert "_schema" not in groups and "base_" not in groups
     assert "inner_lr:" in result.stdout.split("== Config ==")[1]  # the composed config stays
 
@@ -301,9 +301,18 @@ def test_evaluate_with_a_corrupt_config(run_config_dir, tmp_path, key, value, pr
 @pytest.mark.parametrize("cut", [0.0, 0.5])
 def test_evaluate_with_an_empty_or_half_written_config(run_config_dir, tmp_path, cut):
     text = (run_config_dir / "config.yaml").read_text()
-    (tmp_path / "config.yaml").write_text(text[: int(len(text) * cut)])
+    # Cut at a line's end, the rest still parses (a cut inside a line: the test below).
+    (tmp_path / "config.yaml").write_text(text[: text.rfind("\n", 0, int(len(text) * cut)) + 1])
     result = run_in_process(str(tmp_path), module="metalearn.evaluate")
     error_line(result, str(tmp_path / "config.yaml"), "empty or half-written", "recreate it")
+
+
+def test_evaluate_with_a_config_cut_inside_a_line(run_config_dir, tmp_path):
+    text = (run_config_dir / "config.yaml").read_text()
+    cut = text.index(":", len(text) // 2) - 2  # inside a key: YAML cannot parse the last line
+    (tmp_path / "config.yaml").write_text(text[:cut])
+    result = run_in_process(str(tmp_path), module="metalearn.evaluate")
+    error_line(result, f"{tmp_path / 'config.yaml'} cannot be read (", "recreate it")
 
 
 def test_evaluate_on_a_sweep_directory_names_its_jobs(run_config_dir, tmp_path):

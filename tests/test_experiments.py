@@ -73,23 +73,7 @@ def test_tiny_version_of_every_experiment_runs(experiment, tmp_path):
         assert all(0.0 <= r["mean"] <= 1.0 for r in accuracy)
 
 
-@pytest.mark.parametrize("model", ["conv4", pytest.param("resnet12", marks=pytest.mark.slow)])
-def test_tiny_run_of_metaoptnet_svm(model, tmp_path):
-    experiment = "omniglot_5w1s_protonet" if model == "conv4" else "cifarfs_5w1s_metaoptnet"
-    overrides = tiny_overrides(experiment, str(tmp_path / "tfds"))
-    if model == "conv4":
-        overrides += ["algorithm=metaoptnet_svm", "model.filters=8"]
-    cfg = to_objects(compose_config(overrides))
-    assert cfg.algorithm.name == "metaoptnet_svm" and cfg.model.name == model
-    with tfds.testing.mock_data(as_data_source_fn=fake_data_source(IMAGE_SHAPES[cfg.data.name])):
-        summary = train_and_evaluate(cfg, str(tmp_path / "run"))
-    assert summary["step"] == cfg.trainer.meta_steps and not summary["interrupted"]
-    records = json.loads((tmp_path / "run" / "eval.json").read_text())
-    accuracy = [r for r in records if r["metric"] == "accuracy"]
-    assert accuracy and all(0.0 <= r["mean"] <= 1.0 and r["nonfinite"] == 0 for r in accuracy)
-
-
-ALGORITHMS = ["maml", "fomaml", "reptile", "anil", "meta_sgd", "mamlpp", "imaml"]
+ALGORITHMS = ["maml", "fomaml", "reptile", "anil", "meta_sgd", "mamlpp", "imaml", "boil"]
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -102,3 +86,41 @@ def test_tiny_run_of_every_algorithm_on_sinusoid(algorithm, tmp_path):
     records = json.loads((tmp_path / "eval.json").read_text())
     assert {r["metric"] for r in records} == {"mse"}
     assert all(r["mean"] is not None and r["nonfinite"] == 0 for r in records)
+
+
+FEWSHOT_ALGORITHMS = [
+    ("r2d2", "conv4"),
+    ("boil", "conv4"),
+    ("r2d2", "resnet12"),  # 19 s on a 2-core CPU
+    pytest.param("boil", "resnet12", marks=pytest.mark.slow),  # 26 s: second-order inner loop
+    ("metaoptnet_svm", "conv4"),
+    pytest.param("metaoptnet_svm", "resnet12", marks=pytest.mark.slow),  # 22 s
+]
+
+
+@pytest.mark.parametrize("algorithm, model", FEWSHOT_ALGORITHMS)
+def test_tiny_run_of_the_classification_algorithms_on_mock_omniglot(algorithm, model, tmp_path):
+    """R2D2, MetaOptNet-SVM (classification only) and BOIL on Omniglot-shaped mock episodes,
+    end to end."""
+    overrides = [
+        "+experiment=omniglot_5w1s_protonet",
+        "+debug=tiny",
+        f"algorithm={algorithm}",
+        f"model={model}",
+        f"data.data_dir={tmp_path / 'tfds'}",
+        "trainer.meta_batch_size=1",
+        "model.filters=8" if model == "conv4" else "model.filters=[4,4,4,4]",
+    ]
+    if algorithm == "boil":
+        overrides += ["algorithm.inner_steps=1", "eval.steps=[0,1]"]
+    if algorithm == "metaoptnet_svm":  # its dual grows with the classes: 10-way training
+        overrides += ["data.train_ways=10"]
+    cfg = to_objects(compose_config(overrides))
+    assert (cfg.algorithm.name, cfg.model.name) == (algorithm, model)
+    with tfds.testing.mock_data(as_data_source_fn=fake_data_source(IMAGE_SHAPES["omniglot"])):
+        summary = train_and_evaluate(cfg, str(tmp_path / "run"))
+    assert summary["step"] == cfg.trainer.meta_steps and not summary["interrupted"]
+    records = json.loads((tmp_path / "run" / "eval.json").read_text())
+    accuracy = [r for r in records if r["metric"] == "accuracy"]
+    assert accuracy and all(r["ways"] == cfg.data.ways for r in accuracy)
+    assert all(0.0 <= r["mean"] <= 1.0 and r["nonfinite"] == 0 for r in accuracy)

@@ -11,12 +11,14 @@ returns a :class:`MetaLearner` of pure functions, as optax's transforms are func
 
 from metalearn.algorithms.anil import anil
 from metalearn.algorithms.base import InnerLoopConfig, MetaLearner, TaskContext, context
+from metalearn.algorithms.boil import boil
 from metalearn.algorithms.imaml import imaml
 from metalearn.algorithms.maml import fomaml, maml
 from metalearn.algorithms.mamlpp import mamlpp
 from metalearn.algorithms.meta_sgd import meta_sgd
 from metalearn.algorithms.metaoptnet import metaoptnet_svm
 from metalearn.algorithms.protonet import protonet
+from metalearn.algorithms.r2d2 import r2d2
 from metalearn.algorithms.reptile import reptile
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "MetaLearner",
     "TaskContext",
     "anil",
+    "boil",
     "context",
     "fomaml",
     "imaml",
@@ -32,5 +35,6 @@ __all__ = [
     "meta_sgd",
     "metaoptnet_svm",
     "protonet",
+    "r2d2",
     "reptile",
 ]

@@ -71,50 +71,62 @@ def anil(objective: Objective, config: ANILConfig | None = None, **overrides) ->
     (['head', 'hidden_0', 'hidden_1'], (3,))
     """
     c = with_config(ANILConfig, config, overrides)
-    own = hyperparameters(c)
     head_names = tuple(objective.model.head)
     if not head_names:
         raise ValueError(
             "algorithm=anil needs a model that declares its head (ModelParts(head=...) where "
             "the model is registered); this model declares none"
         )
+    return partial_inner_loop(objective, c, lambda params: head_names)
 
-    def head_loss(body, ctx, train=True):
+
+def partial_inner_loop(objective: Objective, c, adapted_entries) -> MetaLearner:
+    """MAML whose inner loop adapts only some top-level parameter entries: those named by
+    ``adapted_entries(params)``, a static tuple of names (ANIL: the head; BOIL: all but the
+    head); the others are held at the meta-parameters in the inner loop. ``c`` is the
+    algorithm's config (an :class:`InnerLoopConfig` with ``first_order`` and ``remat``). The
+    outer loop differentiates the query loss with respect to every entry."""
+    own = hyperparameters(c)
+
+    def split(params):
+        return split_top_level(params, adapted_entries(params))
+
+    def partial_loss(fixed, ctx, train=True):
         loss_fn = inner_loss(objective, ctx, train)
-        return lambda head, batch: loss_fn({**body, **head}, batch)
+        return lambda adapted, batch: loss_fn({**fixed, **adapted}, batch)
 
     def init(key, model_params):
         del key
-        split_top_level(model_params, head_names)  # fail early if the head is missing
+        split(model_params)  # fail early if a named entry is missing
         return model_params
 
     def adapt_params(params, support, ctx, steps=c.inner_steps):
-        head, body = split_top_level(params, head_names)
-        adapted_head = adapt(
-            head_loss(body, ctx),
-            head,
+        adapted, fixed = split(params)
+        new = adapt(
+            partial_loss(fixed, ctx),
+            adapted,
             support,
             inner_lr=hyperparameter_values(ctx, own).inner_lr,
             num_steps=steps,
             first_order=c.first_order,
             remat=c.remat,
         )
-        return {**params, **adapted_head}
+        return {**params, **new}
 
     def task_grad(params, task: Task, ctx):
         adapted = lambda p: adapt_params(p, task.support, ctx)  # noqa: E731
         return value_and_grad_of_query(objective, adapted, task, ctx)(params)
 
     def evaluate(params, task: Task, ctx, steps):
-        head, body = split_top_level(params, head_names)
-        loss_fn = head_loss(body, ctx, train=False)
+        adapted, fixed = split(params)
+        loss_fn = partial_loss(fixed, ctx, train=False)
         inner_lr = hyperparameter_values(ctx, own).inner_lr
 
         def trajectory(support, n):
-            return adapt_trajectory(loss_fn, head, support, inner_lr=inner_lr, num_steps=n)
+            return adapt_trajectory(loss_fn, adapted, support, inner_lr=inner_lr, num_steps=n)
 
         return evaluate_trajectory(
-            objective, trajectory, task, ctx, steps, to_model_params=lambda h: {**params, **h}
+            objective, trajectory, task, ctx, steps, to_model_params=lambda a: {**params, **a}
         )
 
     return MetaLearner(init, task_grad, evaluate, adapt_params, hyper=own)

@@ -1,0 +1,224 @@
+"""R2D2 (Bertinetto, Henriques, Torr and Vedaldi 2019, "Meta-learning with differentiable
+closed-form solvers"): a ridge-regression head solved in closed form on each episode.
+
+On the support embeddings ``X [n, d]`` (``model.embed``) and one-hot targets ``Y [n, ways]``
+the head is ``W = (X^T X + lambda I)^-1 X^T Y`` (the primal form, a ``d x d`` system) or, by
+the Woodbury identity, ``W = X^T (X X^T + lambda I)^-1 Y`` (the dual form, ``n x n``: the
+paper's case, shots x ways much smaller than the features). The query logits are
+``scale * X_q W + bias``; ``scale``, ``bias`` and ``lambda`` (as ``log_lambda``) are
+meta-parameters learned with the embedding by the outer loop, through the solve (both systems
+are symmetric positive definite and solved by Cholesky). There is no inner loop.
+
+Needs a supervised classification task family and a model that declares an embedding, as
+:mod:`~metalearn.algorithms.protonet` does; as there, the number of ways is not passed in:
+targets have one column per label below the support-set size and labels absent from the
+support set get logit ``-inf``. Padded episodes (:class:`~metalearn.data.task.WeightedBatch`)
+work as they are: padding rows of ``X`` are zeroed and have no one-hot row, so the solve is
+exactly that of the real support examples."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+from jax.scipy.linalg import cho_factor, cho_solve
+
+from metalearn.algorithms.base import (
+    MetaLearner,
+    check_choice,
+    check_positive,
+    split_top_level,
+    with_config,
+)
+from metalearn.data.task import (
+    Aux,
+    Objective,
+    Task,
+    apply_to_batch,
+    describe,
+    real_examples,
+    supervised_loss_and_metrics,
+)
+from metalearn.registry import ALGORITHMS
+
+FORMS = ("auto", "primal", "dual")
+
+
+@dataclasses.dataclass
+class R2D2Config:
+    # Read in training only (metalearn.evaluate refuses them as overrides).
+    TRAINING_ONLY: ClassVar[Mapping[str, str]] = {
+        "lambda_init": "it initialises the learned lambda; the evaluation uses the checkpoint's",
+        "scale_init": "it initialises the learned scale; the evaluation uses the checkpoint's",
+        "bias_init": "it initialises the learned offset; the evaluation uses the checkpoint's",
+    }
+
+    name: str = "r2d2"
+    lambda_init: float = 1.0  # the ridge penalty's start (learned as log lambda)
+    scale_init: float = 1.0  # the logits' learned scale alpha
+    # The logits' learned offset beta (the paper's; one offset on every logit, so the softmax
+    # cross-entropy does not depend on it and its gradient is 0).
+    bias_init: float = 0.0
+    # "auto": the dual (Woodbury) form when the support set has fewer examples than features,
+    # else the primal; "primal" / "dual" force one (the same W, up to rounding).
+    form: str = "auto"
+
+    def __post_init__(self) -> None:  # a bad value is refused when the config is made
+        check_positive("lambda_init", self.lambda_init)
+        check_choice("form", self.form, FORMS)
+
+
+def ridge_head(
+    features: jax.Array, targets: jax.Array, lam: jax.Array, form: str = "auto"
+) -> jax.Array:
+    """``W [d, k]`` minimising ``|X W - Y|^2 + lambda |W|^2`` for ``X = features [n, d]``,
+    ``Y = targets [n, k]``: ``(X^T X + lambda I)^-1 X^T Y`` (``"primal"``) or
+    ``X^T (X X^T + lambda I)^-1 Y`` (``"dual"``); ``"auto"`` picks the smaller system.
+
+    >>> import jax.numpy as jnp
+    >>> ridge_head(jnp.array([[1.0], [2.0]]), jnp.array([[1.0], [2.0]]), 1.0).tolist()
+    [[0.8333333134651184]]
+    """
+    n, d = features.shape
+    if form == "auto":
+        form = "dual" if n < d else "primal"
+    if form == "primal":
+        gram = features.T @ features + lam * jnp.eye(d, dtype=features.dtype)
+        return cho_solve(cho_factor(gram), features.T @ targets)
+    gram = features @ features.T + lam * jnp.eye(n, dtype=features.dtype)
+    return features.T @ cho_solve(cho_factor(gram), targets)
+
+
+def _check_classification(batch) -> None:
+    labels = batch[1]
+    if not jnp.issubdtype(labels.dtype, jnp.integer) or labels.ndim != 1:
+        raise ValueError(
+            "algorithm=r2d2 needs a classification task family (integer class labels of shape "
+            f"[examples]); got labels of dtype {labels.dtype} and shape {labels.shape} "
+            "(regression tasks such as sinusoid have no classes to regress one-hot targets of)"
+        )
+
+
+def _check_embeddings(embeddings) -> None:
+    if hasattr(embeddings, "shape") and embeddings.ndim == 2:
+        return
+    raise ValueError(
+        f"algorithm=r2d2: the model's embed (ModelParts(embed=...)) returned "
+        f"{describe(embeddings)}, not one array of features [examples, features] to solve the "
+        "ridge regression on: return the features alone, flattened per example; see "
+        "docs/extending.md (a model)"
+    )
+
+
+def _key(ctx, stream: int):
+    return None if ctx.key is None else jax.random.fold_in(ctx.key, stream)
+
+
+@ALGORITHMS.register("r2d2", R2D2Config)
+def r2d2(objective: Objective, config: R2D2Config | None = None, **overrides) -> MetaLearner:
+    """R2D2 on the model's declared embedding: meta-parameters ``{"params": model parameters,
+    "head": {"scale", "bias", "log_lambda"}}`` (scalars).
+
+    ``adapt`` returns the model parameters with the head replaced by the equivalent linear
+    classifier (kernel ``scale * W``, bias ``bias``, ``-inf`` for a class absent from the
+    support set), so the model's ``apply`` on the adapted parameters predicts like the solved
+    head; this needs a declared head of one Dense entry fed by the embedding.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from metalearn.algorithms.base import context
+    >>> from metalearn.data.task import Task, supervised_objective
+    >>> from metalearn.models.base import ModelParts, model_from_flax
+    >>> from metalearn.models.mlp import MLP
+    >>> model = model_from_flax(MLP((32, 16), 3), (4,), ModelParts(head="head", embed="embed"))
+    >>> learner = r2d2(supervised_objective(model, "classification"))
+    >>> params, state = model.init(jax.random.key(1))
+    >>> meta_params, ctx = learner.init(jax.random.key(0), params), context(state)
+    >>> sorted(meta_params["head"])
+    ['bias', 'log_lambda', 'scale']
+    >>> x = jax.random.normal(jax.random.key(2), (12, 4))
+    >>> labels = jnp.tile(jnp.arange(3), 4)
+    >>> task = Task(support=(x[:6], labels[:6]), query=(x[6:], labels[6:]))
+    >>> grads, aux = jax.jit(learner.task_grad)(meta_params, task, ctx)
+    >>> sorted(aux.metrics), grads["head"]["log_lambda"].shape
+    (['accuracy', 'loss'], ())
+    """
+    c = with_config(R2D2Config, config, overrides)
+    model = objective.model
+    if model is None or model.embed is None:
+        raise ValueError(
+            "algorithm=r2d2 needs a model that declares an embedding (ModelParts(embed=...) "
+            "where the model is registered); this model declares none"
+        )
+
+    def init(key, model_params):
+        del key
+        f32 = lambda v: jnp.asarray(v, jnp.float32)  # noqa: E731
+        head = {
+            "scale": f32(c.scale_init),
+            "bias": f32(c.bias_init),
+            "log_lambda": f32(math.log(c.lambda_init)),
+        }
+        return {"params": model_params, "head": head}
+
+    def embed(params, ctx, batch, stream, train):
+        features, state = apply_to_batch(
+            model.embed, params, ctx.model_state, _key(ctx, stream), batch, train
+        )
+        _check_embeddings(features)
+        return features, state
+
+    def solve(meta_params, support, ctx, num_classes, train):
+        """``(W [d, num_classes], present [num_classes])`` on the support set."""
+        _check_classification(support)
+        features, _ = embed(meta_params["params"], ctx, support, 0, train)
+        real = real_examples(support)
+        if real is not None:  # padding rows enter neither X^T X nor X X^T
+            features = jnp.where(real[:, None], features, 0.0)
+        targets = jax.nn.one_hot(support[1], num_classes, dtype=features.dtype)
+        lam = jnp.exp(meta_params["head"]["log_lambda"]).astype(features.dtype)
+        return ridge_head(features, targets, lam, c.form), targets.sum(0) > 0
+
+    def logits_and_state(meta_params, task: Task, ctx, train=True):
+        _check_classification(task.query)
+        num_classes = task.support[1].shape[0]  # static upper bound on the ways
+        w, present = solve(meta_params, task.support, ctx, num_classes, train)
+        query, state = embed(meta_params["params"], ctx, task.query, 1, train)
+        head = meta_params["head"]
+        logits = head["scale"] * (query @ w) + head["bias"]
+        return jnp.where(present[None, :], logits, -jnp.inf), state
+
+    def task_grad(meta_params, task: Task, ctx):
+        def query_loss(mp):
+            logits, state = logits_and_state(mp, task, ctx)
+            loss, metrics = supervised_loss_and_metrics("classification", logits, task.query)
+            return loss, Aux(state, metrics)
+
+        (_, aux), grads = jax.value_and_grad(query_loss, has_aux=True)(meta_params)
+        return grads, aux
+
+    def evaluate(meta_params, task: Task, ctx, steps):
+        logits, _ = logits_and_state(meta_params, task, ctx, train=False)
+        _, metrics = supervised_loss_and_metrics("classification", logits, task.query)
+        return {k: jnp.broadcast_to(v, (len(tuple(steps)),)) for k, v in metrics.items()}
+
+    def adapt_params(meta_params, support, ctx, inner_steps=0):
+        del inner_steps  # no inner loop
+        params = meta_params["params"]
+        head, _ = split_top_level(params, tuple(model.head))
+        entry = head[model.head[0]] if len(head) == 1 else None
+        if entry is None or set(entry) != {"kernel", "bias"} or entry["kernel"].ndim != 2:
+            raise ValueError(
+                "r2d2's adapt writes the solved ridge head into the model's head and needs a "
+                "head of one Dense entry with 'kernel' [dim, ways] and 'bias' [ways]"
+            )
+        num_classes = entry["kernel"].shape[1]
+        w, present = solve(meta_params, support, ctx, num_classes, False)
+        scale, offset = meta_params["head"]["scale"], meta_params["head"]["bias"]
+        bias = jnp.where(present, jnp.broadcast_to(offset, present.shape), -jnp.inf)
+        return {**params, model.head[0]: {"kernel": scale * w, "bias": bias}}
+
+    return MetaLearner(init, task_grad, evaluate, adapt_params)
