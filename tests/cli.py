@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import subprocess
@@ -112,8 +113,19 @@ class Watched:
         with self._changed:
             return "".join(self.lines)
 
-    def _failure(self, waited: str) -> str:
-        return f"{waited}; exit status {self.proc.poll()}; last output:\n{tail(self.output)}"
+    def _fail(self, waited: str) -> None:
+        """Fail the test saying what it waited for, the process ended (killed if it ran on:
+        left running, it would hold a core for the rest of the tests)."""
+        if self._closed:  # its output ended: it is exiting
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=30)
+        status = self.proc.poll()
+        if status is None:
+            self.proc.kill()
+            self.proc.wait()
+            self._reader.join()
+        ended = "still running: killed" if status is None else f"exit status {status}"
+        pytest.fail(f"{waited}; {ended}; last output:\n{tail(self.output)}")
 
     def wait_for_line(self, marker: str, limit_s: float = SAFETY_LIMIT_S) -> str:
         """The first line containing ``marker``, once printed."""
@@ -126,7 +138,7 @@ class Watched:
             line = found()
         if line is None:
             ended = "the process ended" if self._closed else f"waited {limit_s} s"
-            pytest.fail(self._failure(f"{ended} before a line containing {marker!r}"))
+            self._fail(f"{ended} before a line containing {marker!r}")
         return line
 
     def wait_until(self, what: str, done: Callable[[], bool], limit_s=SAFETY_LIMIT_S) -> None:
@@ -134,9 +146,9 @@ class Watched:
         deadline = time.monotonic() + limit_s  # a safety limit only
         while not done():
             if self.proc.poll() is not None and not done():
-                pytest.fail(self._failure(f"the process ended before {what}"))
+                self._fail(f"the process ended before {what}")
             if time.monotonic() > deadline:
-                pytest.fail(self._failure(f"waited {limit_s} s for {what}"))
+                self._fail(f"waited {limit_s} s for {what}")
             time.sleep(0.05)
 
     def exit(self, after: str, limit_s: float = SAFETY_LIMIT_S) -> str:
@@ -145,9 +157,6 @@ class Watched:
         try:
             self.proc.wait(timeout=limit_s)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            self._reader.join()
-            pytest.fail(self._failure(f"waited {limit_s} s for the process to exit after {after}"))
+            self._fail(f"waited {limit_s} s for the process to exit after {after}")
         self._reader.join()
         return self.output
