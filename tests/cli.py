@@ -11,8 +11,12 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
+import time
 import traceback
+from collections.abc import Callable
 
+import pytest
 from absl import logging as absl_logging
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -39,16 +43,27 @@ def checkout_env(env: dict | None = None) -> dict:
     return environ
 
 
+def tail(text: str | bytes | None, chars: int = 4000) -> str:
+    """The end of a process's output, for a failure message."""
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    return (text or "")[-chars:]
+
+
+def finished(command: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run(command)``, its output captured; ``timeout`` is a safety limit only (a
+    hung command), which fails the test saying what it waited for and the output so far."""
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, **kwargs)
+    except subprocess.TimeoutExpired as err:
+        output = tail(err.stdout) + tail(err.stderr)
+        pytest.fail(f"waited {timeout} s for {' '.join(command)} to exit; last output:\n{output}")
+
+
 def run_cli(*args: str, module: str = "metalearn.train", cwd=None, env=None, timeout=600):
     """``python -m module args...`` with this checkout first on the import path."""
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd or REPO,
-        env=checkout_env(env),
-    )
+    command = [sys.executable, "-m", module, *args]
+    return finished(command, timeout, cwd=cwd or REPO, env=checkout_env(env))
 
 
 def run_in_process(*args: str, module: str = "metalearn.train", env: dict | None = None):
@@ -88,14 +103,8 @@ def run_in_process(*args: str, module: str = "metalearn.train", env: dict | None
 
 def run_script(script: str, *args: str, timeout=600):
     """``python scripts/<script> args...`` from the repository root, importing this checkout."""
-    return subprocess.run(
-        [sys.executable, str(REPO / "scripts" / script), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-        env=checkout_env(),
-    )
+    command = [sys.executable, str(REPO / "scripts" / script), *args]
+    return finished(command, timeout, cwd=REPO, env=checkout_env())
 
 
 def run_tool(name: str, *args: str):
@@ -114,3 +123,81 @@ def error_line(result: subprocess.CompletedProcess, *fragments: str) -> str:
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
     return lines[0]
+
+
+# How long a test waits for an event of a process (a line, a file, its exit) before it fails,
+# saying what it waited for: a safety limit against a hang, never a claim on the machine's speed.
+SAFETY_LIMIT_S = 300
+
+
+class Watched:
+    """A running process (stdout and stderr merged, as text) whose output is read on a thread,
+    so that a test can wait for a line or a condition, with a safety limit that reports."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc, self.lines, self._closed = proc, [], False
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            with self._changed:
+                self.lines.append(line)
+                self._changed.notify_all()
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    @property
+    def output(self) -> str:
+        with self._changed:
+            return "".join(self.lines)
+
+    def _fail(self, waited: str) -> None:
+        """Fail the test saying what it waited for, the process ended (killed if it ran on:
+        left running, it would hold a core for the rest of the tests)."""
+        if self._closed:  # its output ended: it is exiting
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=30)
+        status = self.proc.poll()
+        if status is None:
+            self.proc.kill()
+            self.proc.wait()
+            self._reader.join()
+        ended = "still running: killed" if status is None else f"exit status {status}"
+        pytest.fail(f"{waited}; {ended}; last output:\n{tail(self.output)}")
+
+    def wait_for_line(self, marker: str, limit_s: float = SAFETY_LIMIT_S) -> str:
+        """The first line containing ``marker``, once printed."""
+
+        def found() -> str | None:
+            return next((line for line in self.lines if marker in line), None)
+
+        with self._changed:
+            self._changed.wait_for(lambda: found() or self._closed, timeout=limit_s)
+            line = found()
+        if line is None:
+            ended = "the process ended" if self._closed else f"waited {limit_s} s"
+            self._fail(f"{ended} before a line containing {marker!r}")
+        return line
+
+    def wait_until(self, what: str, done: Callable[[], bool], limit_s=SAFETY_LIMIT_S) -> None:
+        """Until ``done()``, polled every 50 ms while the process runs; ``what`` names it."""
+        deadline = time.monotonic() + limit_s  # a safety limit only
+        while not done():
+            if self.proc.poll() is not None and not done():
+                self._fail(f"the process ended before {what}")
+            if time.monotonic() > deadline:
+                self._fail(f"waited {limit_s} s for {what}")
+            time.sleep(0.05)
+
+    def exit(self, after: str, limit_s: float = SAFETY_LIMIT_S) -> str:
+        """Wait for the process to exit (killing it past ``limit_s``); all of its output.
+        ``after`` says what it should exit after, for the failure message."""
+        try:
+            self.proc.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            self._fail(f"waited {limit_s} s for the process to exit after {after}")
+        self._reader.join()
+        return self.output

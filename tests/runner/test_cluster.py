@@ -150,16 +150,21 @@ def test_the_clusters_requeue_signal_saves_the_step_it_stopped_at_and_the_job_re
         text=True,
         env=checkout_env({**os.environ, **env}),
     )
-    deadline, sent_at = time.time() + 240, None
-    while sent_at is None and proc.poll() is None and time.time() < deadline:
+    limit_s, sent_at = 300, None  # a safety limit only
+    deadline = time.monotonic() + limit_s
+    while sent_at is None and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
         metrics = list((tmp_path / "requeued").glob("0_*/metrics.jsonl"))
         steps = [step for step, _ in logged_steps(metrics[0].parent)] if metrics else []
         if steps and max(steps) >= 1000:
             sent_at = max(steps)
             os.kill(int(pids.read_text().split()[0]), signal.SIGUSR2)
+    if sent_at is None:
+        proc.kill()
     output = proc.communicate(timeout=300)[0]
-    assert sent_at is not None and sent_at < 4000, output  # the signal came during training
+    waited = f"waited up to {limit_s} s for job 0 to log step 1000 (exit {proc.returncode})"
+    assert sent_at is not None, f"{waited}; last output:\n{output[-4000:]}"
+    assert sent_at < 4000, output  # the signal came during training
     assert proc.returncode == 0 and "sweep: 1 of 1 job(s) succeeded" in output, output
     [job] = (tmp_path / "requeued").glob("0_*")
     log = "".join(p.read_text() for p in (tmp_path / "requeued" / ".submitit").glob("*/*.out"))

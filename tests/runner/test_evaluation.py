@@ -95,8 +95,11 @@ def test_format_record_shows_median_and_divergence():
     assert "median" in line and "(2 of 600 tasks diverged, 1 non-finite)" in line
     clean = {"metric": "mse", "shots": 5, "steps": 1, "tasks": 3}
     clean.update(summarize(np.array([0.3, 0.1, 0.2]), np.full(3, 3.0)))
+    # The normal 95% interval of the mean, 1.96 standard errors (sample deviation 0.1 over
+    # sqrt(3)); of 3 tasks, the median's interval from order statistics spans all of them.
+    ci95 = 1.96 * 0.1 / math.sqrt(3)
     assert format_record(clean) == (
-        "mse shots=5 steps=1: 0.2000 ± 0.1132, median 0.2000 [0.1000, 0.3000]"
+        f"mse shots=5 steps=1: 0.2000 ± {ci95:.4f}, median 0.2000 [0.1000, 0.3000]"
     )
 
 

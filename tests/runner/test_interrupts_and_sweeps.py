@@ -1,6 +1,7 @@
 """SIGTERM/Ctrl-C anywhere end in one line and a resumable run; a sweep runs every job."""
 
 import json
+import os
 import re
 import shlex
 import signal
@@ -13,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.cli import checkout_env, run_cli, run_tool
+from metalearn.runner.layout import saved_steps
+from tests.cli import Watched, checkout_env, run_cli, run_tool
 
 TINY = ["+experiment=sinusoid_maml", "+debug=tiny"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,16 +43,10 @@ def start(run_dir: Path | None, *overrides: str, cwd: Path = ROOT) -> subprocess
 
 def signal_when(proc: subprocess.Popen, marker: str, signum: int) -> str:
     """Send ``signum`` as soon as a line containing ``marker`` is printed; all the output."""
-    lines = []
-    deadline = time.time() + 240
-    for line in proc.stdout:
-        lines.append(line)
-        if marker in line:
-            proc.send_signal(signum)
-            break
-        assert time.time() < deadline, "".join(lines)
-    rest, _ = proc.communicate(timeout=240)
-    return "".join(lines) + rest
+    watched = Watched(proc)
+    watched.wait_for_line(marker)
+    proc.send_signal(signum)
+    return watched.exit(f"{signal.Signals(signum).name} sent on the line {marker!r}")
 
 
 def metrics_keys(run_dir: Path) -> list[tuple[int, str]]:
@@ -91,16 +87,60 @@ def test_signal_anywhere_says_what_was_saved_and_resumes(tmp_path, signum, marke
     assert len(json.loads((run_dir / "eval.json").read_text())) == 3 * 2
 
 
-def inside_the_compilation(proc: subprocess.Popen) -> list[str]:
-    """The lines ``proc`` printed up to its first training step's compilation, 3 s into it
-    (300 unrolled inner steps compile for minutes)."""
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if "training sinusoid_maml" in line:
-            break
-    time.sleep(3)
-    return lines
+# metalearn.train with two probes that change nothing it does. Python's exit handlers write
+# EXIT_FILE: they run at a normal exit, which waits for an XLA compilation a signal interrupted
+# (minutes), never at the exit a stop takes at once (os._exit). A thread writes COMPILING_FILE
+# once the main thread is inside JAX's backend compilation of a training call.
+PROBED_TRAIN = """
+import atexit, runpy, sys, threading, time
+
+exit_file, compiling_file = sys.argv[1:3]
+atexit.register(lambda: open(exit_file, "w").write("Python's exit handlers ran\\n"))
+
+def compiling_a_training_call():
+    frame, names = sys._current_frames().get(threading.main_thread().ident), set()
+    while frame is not None:
+        names.add(frame.f_code.co_name)
+        frame = frame.f_back
+    return {"train_call", "backend_compile_and_load"} <= names
+
+def watch():
+    while not compiling_a_training_call():
+        time.sleep(0.01)
+    open(compiling_file, "w").write("compiling\\n")
+
+threading.Thread(target=watch, daemon=True).start()
+sys.argv = [sys.argv[0], *sys.argv[3:]]
+runpy.run_module("metalearn.train", run_name="__main__", alter_sys=True)
+"""
+
+
+class Probed:
+    """A tiny sinusoid run under PROBED_TRAIN, in ``run_dir`` (None: Hydra's default, under
+    ``cwd``), its probes' files in ``probes``, its persistent compilation cache in ``cache``
+    (trainer.compilation_cache=auto reads it from the environment)."""
+
+    def __init__(
+        self, probes: Path, cache: Path, run_dir: Path | None, *overrides: str, cwd: Path = ROOT
+    ):
+        probes.mkdir()
+        self.exit_file, self.compiling_file = probes / "exit-handlers-ran", probes / "compiling"
+        where = [f"hydra.run.dir={run_dir}"] if run_dir is not None else []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", PROBED_TRAIN, str(self.exit_file), str(self.compiling_file)]
+            + [*TINY, *where, *overrides],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=cwd,
+            env=checkout_env({**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache)}),
+        )
+        self.watched = Watched(self.proc)
+
+    def wait_for_the_compilation(self) -> None:
+        """Until the main thread is inside the compilation of the first training call."""
+        what = "the main thread inside the backend compilation of a training call"
+        self.watched.wait_until(what, self.compiling_file.exists)
 
 
 @pytest.mark.parametrize(
@@ -113,23 +153,28 @@ def test_a_signal_during_a_long_compilation_ends_the_run_at_once(tmp_path, signa
     the state last saved (here the seed's), a stop loses nothing: the run ends at once with its
     stop line. It waited for the compilation; a second signal printed the stop line and stayed
     alive until XLA had finished; so did a local sweep (its job recorded as interrupted). A
-    second signal close behind the first ends it at once too, with one line or the other."""
+    second signal close behind the first ends it at once too, with one line or the other.
+
+    "At once" is observed, not timed: the program was never compiled (no "compiled" line, and
+    the persistent cache the run was given holds no training program, jit_run-*), and the
+    process ended without Python's exit handlers, the exit that waits for XLA."""
+    cache = tmp_path / "xla-cache"
     long_compile = ["algorithm.inner_steps=300", "algorithm.unroll=300"]
-    long_compile += ["trainer.compilation_cache=off"]
+    probes = tmp_path / "probes"
     if sweep:
-        proc = start(None, "-m", "seed=0,1", *long_compile, cwd=tmp_path)
+        run = Probed(probes, cache, None, "-m", "seed=0,1", *long_compile, cwd=tmp_path)
     else:
-        proc = start(tmp_path / "run", *long_compile)
-    lines = inside_the_compilation(proc)
+        run = Probed(probes, cache, tmp_path / "run", *long_compile)
+    run.wait_for_the_compilation()
     for name in signals:  # a second one 10 ms after the first, while it is being handled
-        proc.send_signal(getattr(signal, name))
+        run.proc.send_signal(getattr(signal, name))
         time.sleep(0.01)
-    sent = time.time()
-    rest, _ = proc.communicate(timeout=240)
-    output = "".join(lines) + rest
-    assert proc.returncode == 128 + getattr(signal, signals[0]), output
-    assert time.time() - sent < 60, output
+    output = run.watched.exit(f"{' and '.join(signals)} sent during the compilation")
+    assert run.proc.returncode == 128 + getattr(signal, signals[0]), output
     assert "compiled" not in output and "Traceback" not in output, output
+    stored = sorted(p.name for p in cache.iterdir())  # the start-up's programs: the cache works
+    assert stored and not [name for name in stored if name.startswith("jit_run-")], stored
+    assert not run.exit_file.exists(), "the run took Python's normal exit:\n" + output
     stop = f"interrupted by {signals[0]} during compilation: nothing is saved yet; rerun the same"
     again = f"{signals[0]} again: exiting at once"  # the second landed before the stop line
     assert stop in output or (len(signals) == 2 and again in output), output
@@ -137,25 +182,31 @@ def test_a_signal_during_a_long_compilation_ends_the_run_at_once(tmp_path, signa
         [sweep_dir] = (tmp_path / "multirun").glob("*/*")
         [job] = [p for p in sweep_dir.iterdir() if p.is_dir()]  # the sweep stopped at its first
         assert json.loads((job / "status.json").read_text())["status"] == "interrupted"
+        assert not saved_steps(str(job)), output
+    else:
+        assert not saved_steps(str(tmp_path / "run")), output
 
 
 def test_a_rerun_stopped_while_compiling_keeps_the_record_of_its_checkpoints(tmp_path):
     """A rerun with allowed changes records its config first; stopped while it compiles (at
     once, before any checkpoint of the new config), the record went on saying the new config,
     and a rerun with the run's own settings was refused as a different config."""
-    run_dir = tmp_path / "run"
-    first = start(run_dir)
-    out, _ = first.communicate(timeout=300)
-    assert first.returncode == 0, out
+    run_dir, cache = tmp_path / "run", tmp_path / "xla-cache"
+    first = Probed(tmp_path / "first", cache, run_dir)
+    out = first.watched.exit("training")
+    assert first.proc.returncode == 0, out
+    # The probes see what they are there for: a compilation, and a normal exit.
+    assert first.compiling_file.exists() and first.exit_file.exists(), out
     record = (run_dir / "config.yaml").read_text()
     changes = ["algorithm.inner_steps=300", "algorithm.unroll=300"]
     allowed = "trainer.allow_changes=[trainer.meta_steps,algorithm.inner_steps,algorithm.unroll]"
-    rerun = start(run_dir, "trainer.meta_steps=8", *changes, allowed)
-    lines = inside_the_compilation(rerun)
-    rerun.send_signal(signal.SIGTERM)
-    output = "".join(lines) + rerun.communicate(timeout=240)[0]
-    assert rerun.returncode == 128 + signal.SIGTERM, output
+    rerun = Probed(tmp_path / "rerun", cache, run_dir, "trainer.meta_steps=8", *changes, allowed)
+    rerun.wait_for_the_compilation()
+    rerun.proc.send_signal(signal.SIGTERM)
+    output = rerun.watched.exit("SIGTERM sent during the compilation")
+    assert rerun.proc.returncode == 128 + signal.SIGTERM, output
     assert "during compilation: the checkpoint of step 4 is saved" in output, output
+    assert not rerun.exit_file.exists(), "the run took Python's normal exit:\n" + output
     assert (run_dir / "config.yaml").read_text() == record
     again = start(run_dir)
     out, _ = again.communicate(timeout=300)

@@ -22,7 +22,7 @@ from metalearn.runner.loop import (
 from metalearn.runner.reporting import PROCESS_KEYS
 from metalearn.runner.rundir import saved_steps
 from metalearn.runner.steps import trained
-from tests.cli import checkout_env, run_cli, run_in_process, run_tool
+from tests.cli import Watched, checkout_env, run_cli, run_in_process, run_tool
 from tests.conftest import (
     compose_config,
     copy_of,
@@ -138,12 +138,13 @@ def test_signal_saves_a_usable_checkpoint_and_resume_matches(tmp_path, signum):
         f"hydra.run.dir={run_dir}",
     ]
     proc = start_training(overrides)
-    deadline = time.time() + 120
-    metrics = run_dir / "metrics.jsonl"
-    while time.time() < deadline and not (metrics.exists() and metrics.read_text().strip()):
-        time.sleep(0.2)  # until the first training record: the run is in its training loop
+    watched, metrics = Watched(proc), run_dir / "metrics.jsonl"
+    watched.wait_until(  # the first training record: the run is in its training loop
+        "the first record in metrics.jsonl",
+        lambda: metrics.exists() and bool(metrics.read_text().strip()),
+    )
     proc.send_signal(signum)
-    output, _ = proc.communicate(timeout=120)
+    output = watched.exit(f"{signal.Signals(signum).name} sent during training")
     assert proc.returncode == 128 + signum, output
     assert "Traceback" not in output
     assert f"received {signal.Signals(signum).name}" in output
