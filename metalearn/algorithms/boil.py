@@ -11,27 +11,18 @@ inner loop."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import ClassVar
 
-from metalearn.algorithms.anil import partial_inner_loop
-from metalearn.algorithms.base import InnerLoopConfig, MetaLearner, with_config
+from metalearn.algorithms.anil import ANILConfig, partial_inner_loop
+from metalearn.algorithms.base import MetaLearner, with_config
 from metalearn.data.task import Objective
 from metalearn.registry import ALGORITHMS
 
 
 @dataclasses.dataclass
-class BOILConfig(InnerLoopConfig):
-    # Read in training only (metalearn.evaluate refuses them as overrides).
-    TRAINING_ONLY: ClassVar[Mapping[str, str]] = {
-        **InnerLoopConfig.TRAINING_ONLY,
-        "first_order": "",
-        "remat": "",
-    }
+class BOILConfig(ANILConfig):
+    """ANIL's settings (the inner loop's, first order, remat), for the complementary entries."""
 
     name: str = "boil"
-    first_order: bool = False
-    remat: bool = False
 
 
 @ALGORITHMS.register("boil", BOILConfig)

@@ -42,15 +42,18 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from metalearn.algorithms.base import MetaLearner, split_top_level, with_config
+from metalearn.algorithms.base import MetaLearner, with_config
+from metalearn.algorithms.embedding import (
+    check_classification,
+    dense_head,
+    embedding_model,
+    features,
+    query_classifier,
+)
 from metalearn.data.task import (
-    Aux,
     Objective,
     Task,
     WeightedBatch,
-    apply_to_batch,
-    describe,
-    supervised_loss_and_metrics,
 )
 from metalearn.registry import ALGORITHMS
 
@@ -249,24 +252,7 @@ def class_weights_dual(support_embeddings, onehot, config: MetaOptNetSVMConfig):
 # --- the learner ------------------------------------------------------------------------------
 
 
-def _check_classification(batch) -> None:
-    labels = batch[1]
-    if not jnp.issubdtype(labels.dtype, jnp.integer) or labels.ndim != 1:
-        raise ValueError(
-            "algorithm=metaoptnet_svm needs a classification task family (integer class labels "
-            f"of shape [examples]); got labels of dtype {labels.dtype} and shape {labels.shape}"
-            " (regression tasks such as sinusoid have no classes to fit an SVM to)"
-        )
-
-
-def _check_embeddings(embeddings) -> None:
-    if hasattr(embeddings, "shape") and embeddings.ndim == 2:
-        return
-    raise ValueError(
-        f"algorithm=metaoptnet_svm: the model's embed (ModelParts(embed=...)) returned "
-        f"{describe(embeddings)}, not one array of features [examples, features] to fit the SVM "
-        "on: return the features alone, flattened per example; see docs/extending.md (a model)"
-    )
+CLASSES = "to fit an SVM to"  # what metaoptnet_svm does with a task's classes
 
 
 def _onehot(batch, num_classes: int, dtype) -> jax.Array:
@@ -275,10 +261,6 @@ def _onehot(batch, num_classes: int, dtype) -> jax.Array:
     if isinstance(batch, WeightedBatch):
         onehot = onehot * (batch.weights > 0).astype(dtype)[:, None]
     return onehot
-
-
-def _key(ctx, stream: int):
-    return None if ctx.key is None else jax.random.fold_in(ctx.key, stream)
 
 
 @ALGORITHMS.register("metaoptnet_svm", MetaOptNetSVMConfig)
@@ -310,66 +292,40 @@ def metaoptnet_svm(
     (['accuracy', 'loss', 'svm_residual'], ['params', 'scale'])
     """
     c = with_config(MetaOptNetSVMConfig, config, overrides)
-    model = objective.model
-    if model is None or model.embed is None:
-        raise ValueError(
-            "algorithm=metaoptnet_svm needs a model that declares an embedding "
-            "(ModelParts(embed=...) where the model is registered); this model declares none"
-        )
+    model = embedding_model(objective, "metaoptnet_svm")
 
     def init(key, model_params):
         del key
         return {"params": model_params, "scale": jnp.asarray(c.scale_init, jnp.float32)}
 
     def embed(params, batch, ctx, stream, train):
-        features, state = apply_to_batch(
-            model.embed, params, ctx.model_state, _key(ctx, stream), batch, train
-        )
-        _check_embeddings(features)
-        return features, state
+        use = "to fit the SVM on"
+        return features(model, params, ctx, batch, stream, train, "metaoptnet_svm", use)
 
     def logits_and_state(meta, task: Task, ctx, train=True):
-        _check_classification(task.support)
-        _check_classification(task.query)
+        check_classification(task.support, "metaoptnet_svm", CLASSES)
+        check_classification(task.query, "metaoptnet_svm", CLASSES)
         params = meta["params"]
         support, _ = embed(params, task.support, ctx, 0, train)
         query, state = embed(params, task.query, ctx, 1, train)
         num_classes = c.max_ways or task.support[1].shape[0]
         onehot = _onehot(task.support, num_classes, support.dtype)
         logits, residual = svm_logits(support, onehot, query, meta["scale"], c)
-        return logits, state, residual
+        return logits, state, {"svm_residual": residual}
 
-    def task_grad(meta, task: Task, ctx):
-        def query_loss(m):
-            logits, state, residual = logits_and_state(m, task, ctx)
-            loss, metrics = supervised_loss_and_metrics("classification", logits, task.query)
-            return loss, Aux(state, {**metrics, "svm_residual": residual})
-
-        (_, aux), grads = jax.value_and_grad(query_loss, has_aux=True)(meta)
-        return grads, aux
-
-    def evaluate(meta, task: Task, ctx, steps):
-        logits, _, _ = logits_and_state(meta, task, ctx, train=False)
-        _, metrics = supervised_loss_and_metrics("classification", logits, task.query)
-        return {k: jnp.broadcast_to(v, (len(tuple(steps)),)) for k, v in metrics.items()}
+    task_grad, evaluate = query_classifier(logits_and_state)
 
     def adapt_params(meta, support, ctx, inner_steps=0):
         del inner_steps  # no inner loop
-        _check_classification(support)
+        check_classification(support, "metaoptnet_svm", CLASSES)
         params = meta["params"]
-        head, _ = split_top_level(params, tuple(model.head))
-        entry = head[model.head[0]] if len(head) == 1 else None
-        if entry is None or set(entry) != {"kernel", "bias"} or entry["kernel"].ndim != 2:
-            raise ValueError(
-                "metaoptnet_svm's adapt writes the SVM into the head and needs a head of one "
-                "Dense entry with 'kernel' [dim, ways] and 'bias' [ways]"
-            )
-        num_classes = entry["kernel"].shape[1]
-        features, _ = embed(params, support, ctx, 0, False)
-        onehot = _onehot(support, num_classes, features.dtype)
-        alpha, _ = class_weights_dual(features, onehot, c)
-        kernel = meta["scale"] * (features.T @ alpha)
+        written = "metaoptnet_svm's adapt writes the SVM into the head"
+        head, num_classes = dense_head(model, params, written)
+        x, _ = embed(params, support, ctx, 0, False)
+        onehot = _onehot(support, num_classes, x.dtype)
+        alpha, _ = class_weights_dual(x, onehot, c)
+        kernel = meta["scale"] * (x.T @ alpha)
         bias = jnp.where(jnp.sum(onehot, axis=0) > 0, 0.0, -jnp.inf).astype(kernel.dtype)
-        return {**params, model.head[0]: {"kernel": kernel, "bias": bias}}
+        return {**params, head: {"kernel": kernel, "bias": bias}}
 
     return MetaLearner(init, task_grad, evaluate, adapt_params)

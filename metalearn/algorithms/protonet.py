@@ -23,15 +23,15 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from metalearn.algorithms.base import MetaLearner, split_top_level, with_config
-from metalearn.data.task import (
-    Aux,
-    Objective,
-    Task,
-    apply_to_batch,
-    describe,
-    supervised_loss_and_metrics,
+from metalearn.algorithms.base import MetaLearner, with_config
+from metalearn.algorithms.embedding import (
+    check_classification,
+    dense_head,
+    embedding_model,
+    features,
+    query_classifier,
 )
+from metalearn.data.task import Objective, Task
 from metalearn.registry import ALGORITHMS
 
 
@@ -77,32 +77,7 @@ def prototypical_logits(
     return jnp.where(counts[None, :] > 0, logits, -jnp.inf)
 
 
-def _check_classification(batch) -> None:
-    labels = batch[1]
-    if not jnp.issubdtype(labels.dtype, jnp.integer) or labels.ndim != 1:
-        raise ValueError(
-            "algorithm=protonet needs a classification task family (integer class labels "
-            f"of shape [examples]); got labels of dtype {labels.dtype} and shape {labels.shape}"
-            " (regression tasks such as sinusoid have no classes to build prototypes from)"
-        )
-
-
-def _check_embeddings(embeddings) -> None:
-    """ValueError (one line) unless the model's embedding is one array ``[examples, features]``
-    (a tuple was an AttributeError naming neither the model nor its embedding). Static: traced
-    once, nothing in the compiled step."""
-    if hasattr(embeddings, "shape") and embeddings.ndim == 2:
-        return
-    raise ValueError(
-        f"algorithm=protonet: the model's embed (ModelParts(embed=...)) returned "
-        f"{describe(embeddings)}, not one array of features [examples, features] to average "
-        "into prototypes: return the features alone, flattened per example; see "
-        "docs/extending.md (a model)"
-    )
-
-
-def _key(ctx, stream: int):
-    return None if ctx.key is None else jax.random.fold_in(ctx.key, stream)
+CLASSES = "to build prototypes from"  # what protonet does with a task's classes
 
 
 @ALGORITHMS.register("protonet", ProtoNetConfig)
@@ -136,11 +111,11 @@ def protonet(
     (['accuracy', 'loss'], (3,))
     """
     with_config(ProtoNetConfig, config, overrides)
-    model = objective.model
-    if model is None or model.embed is None:
-        raise ValueError(
-            "algorithm=protonet needs a model that declares an embedding (ModelParts(embed=...) "
-            "where the model is registered); this model declares none"
+    model = embedding_model(objective, "protonet")
+
+    def embed(params, ctx, batch, stream, train):
+        return features(
+            model, params, ctx, batch, stream, train, "protonet", "to average into prototypes"
         )
 
     def init(key, model_params):
@@ -148,53 +123,25 @@ def protonet(
         return model_params
 
     def logits_and_state(params, task: Task, ctx, train=True):
-        _check_classification(task.support)
-        _check_classification(task.query)
+        check_classification(task.support, "protonet", CLASSES)
+        check_classification(task.query, "protonet", CLASSES)
         support_y = task.support[1]
         num_classes = support_y.shape[0]  # static upper bound on the ways
-        support_embeddings, _ = apply_to_batch(
-            model.embed, params, ctx.model_state, _key(ctx, 0), task.support, train
-        )
-        query_embeddings, state = apply_to_batch(
-            model.embed, params, ctx.model_state, _key(ctx, 1), task.query, train
-        )
-        _check_embeddings(support_embeddings)
-        _check_embeddings(query_embeddings)
+        support_embeddings, _ = embed(params, ctx, task.support, 0, train)
+        query_embeddings, state = embed(params, ctx, task.query, 1, train)
         logits = prototypical_logits(support_embeddings, support_y, query_embeddings, num_classes)
-        return logits, state
+        return logits, state, {}
 
-    def task_grad(params, task: Task, ctx):
-        def query_loss(p):
-            logits, state = logits_and_state(p, task, ctx)
-            loss, metrics = supervised_loss_and_metrics("classification", logits, task.query)
-            return loss, Aux(state, metrics)
-
-        (_, aux), grads = jax.value_and_grad(query_loss, has_aux=True)(params)
-        return grads, aux
-
-    def evaluate(params, task: Task, ctx, steps):
-        logits, _ = logits_and_state(params, task, ctx, train=False)
-        _, metrics = supervised_loss_and_metrics("classification", logits, task.query)
-        return {k: jnp.broadcast_to(v, (len(tuple(steps)),)) for k, v in metrics.items()}
+    task_grad, evaluate = query_classifier(logits_and_state)
 
     def adapt_params(params, support, ctx, inner_steps=0):
         del inner_steps  # no inner loop
-        _check_classification(support)
-        support_y = support[1]
-        head, _ = split_top_level(params, tuple(model.head))
-        entry = head[model.head[0]] if len(head) == 1 else None
-        if entry is None or set(entry) != {"kernel", "bias"} or entry["kernel"].ndim != 2:
-            raise ValueError(
-                "protonet's adapt writes the prototypes into the head and needs a head of one "
-                "Dense entry with 'kernel' [dim, ways] and 'bias' [ways]"
-            )
-        num_classes = entry["kernel"].shape[1]
-        features, _ = apply_to_batch(
-            model.embed, params, ctx.model_state, _key(ctx, 0), support, False
-        )
-        _check_embeddings(features)
-        protos, counts = class_prototypes(features, support_y, num_classes)
+        check_classification(support, "protonet", CLASSES)
+        written = "protonet's adapt writes the prototypes into the head"
+        head, num_classes = dense_head(model, params, written)
+        support_embeddings, _ = embed(params, ctx, support, 0, False)
+        protos, counts = class_prototypes(support_embeddings, support[1], num_classes)
         bias = jnp.where(counts > 0, -jnp.sum(protos**2, axis=-1), -jnp.inf)
-        return {**params, model.head[0]: {"kernel": 2.0 * protos.T, "bias": bias}}
+        return {**params, head: {"kernel": 2.0 * protos.T, "bias": bias}}
 
     return MetaLearner(init, task_grad, evaluate, adapt_params)

@@ -31,17 +31,19 @@ from metalearn.algorithms.base import (
     MetaLearner,
     check_choice,
     check_positive,
-    split_top_level,
     with_config,
 )
+from metalearn.algorithms.embedding import (
+    check_classification,
+    dense_head,
+    embedding_model,
+    features,
+    query_classifier,
+)
 from metalearn.data.task import (
-    Aux,
     Objective,
     Task,
-    apply_to_batch,
-    describe,
     real_examples,
-    supervised_loss_and_metrics,
 )
 from metalearn.registry import ALGORITHMS
 
@@ -93,29 +95,7 @@ def ridge_head(
     return features.T @ cho_solve(cho_factor(gram), targets)
 
 
-def _check_classification(batch) -> None:
-    labels = batch[1]
-    if not jnp.issubdtype(labels.dtype, jnp.integer) or labels.ndim != 1:
-        raise ValueError(
-            "algorithm=r2d2 needs a classification task family (integer class labels of shape "
-            f"[examples]); got labels of dtype {labels.dtype} and shape {labels.shape} "
-            "(regression tasks such as sinusoid have no classes to regress one-hot targets of)"
-        )
-
-
-def _check_embeddings(embeddings) -> None:
-    if hasattr(embeddings, "shape") and embeddings.ndim == 2:
-        return
-    raise ValueError(
-        f"algorithm=r2d2: the model's embed (ModelParts(embed=...)) returned "
-        f"{describe(embeddings)}, not one array of features [examples, features] to solve the "
-        "ridge regression on: return the features alone, flattened per example; see "
-        "docs/extending.md (a model)"
-    )
-
-
-def _key(ctx, stream: int):
-    return None if ctx.key is None else jax.random.fold_in(ctx.key, stream)
+CLASSES = "to regress one-hot targets of"  # what r2d2 does with a task's classes
 
 
 @ALGORITHMS.register("r2d2", R2D2Config)
@@ -147,12 +127,7 @@ def r2d2(objective: Objective, config: R2D2Config | None = None, **overrides) ->
     (['accuracy', 'loss'], ())
     """
     c = with_config(R2D2Config, config, overrides)
-    model = objective.model
-    if model is None or model.embed is None:
-        raise ValueError(
-            "algorithm=r2d2 needs a model that declares an embedding (ModelParts(embed=...) "
-            "where the model is registered); this model declares none"
-        )
+    model = embedding_model(objective, "r2d2")
 
     def init(key, model_params):
         del key
@@ -165,60 +140,39 @@ def r2d2(objective: Objective, config: R2D2Config | None = None, **overrides) ->
         return {"params": model_params, "head": head}
 
     def embed(params, ctx, batch, stream, train):
-        features, state = apply_to_batch(
-            model.embed, params, ctx.model_state, _key(ctx, stream), batch, train
-        )
-        _check_embeddings(features)
-        return features, state
+        use = "to solve the ridge regression on"
+        return features(model, params, ctx, batch, stream, train, "r2d2", use)
 
     def solve(meta_params, support, ctx, num_classes, train):
         """``(W [d, num_classes], present [num_classes])`` on the support set."""
-        _check_classification(support)
-        features, _ = embed(meta_params["params"], ctx, support, 0, train)
+        check_classification(support, "r2d2", CLASSES)
+        x, _ = embed(meta_params["params"], ctx, support, 0, train)
         real = real_examples(support)
         if real is not None:  # padding rows enter neither X^T X nor X X^T
-            features = jnp.where(real[:, None], features, 0.0)
-        targets = jax.nn.one_hot(support[1], num_classes, dtype=features.dtype)
-        lam = jnp.exp(meta_params["head"]["log_lambda"]).astype(features.dtype)
-        return ridge_head(features, targets, lam, c.form), targets.sum(0) > 0
+            x = jnp.where(real[:, None], x, 0.0)
+        targets = jax.nn.one_hot(support[1], num_classes, dtype=x.dtype)
+        lam = jnp.exp(meta_params["head"]["log_lambda"]).astype(x.dtype)
+        return ridge_head(x, targets, lam, c.form), targets.sum(0) > 0
 
     def logits_and_state(meta_params, task: Task, ctx, train=True):
-        _check_classification(task.query)
+        check_classification(task.query, "r2d2", CLASSES)
         num_classes = task.support[1].shape[0]  # static upper bound on the ways
         w, present = solve(meta_params, task.support, ctx, num_classes, train)
         query, state = embed(meta_params["params"], ctx, task.query, 1, train)
         head = meta_params["head"]
         logits = head["scale"] * (query @ w) + head["bias"]
-        return jnp.where(present[None, :], logits, -jnp.inf), state
+        return jnp.where(present[None, :], logits, -jnp.inf), state, {}
 
-    def task_grad(meta_params, task: Task, ctx):
-        def query_loss(mp):
-            logits, state = logits_and_state(mp, task, ctx)
-            loss, metrics = supervised_loss_and_metrics("classification", logits, task.query)
-            return loss, Aux(state, metrics)
-
-        (_, aux), grads = jax.value_and_grad(query_loss, has_aux=True)(meta_params)
-        return grads, aux
-
-    def evaluate(meta_params, task: Task, ctx, steps):
-        logits, _ = logits_and_state(meta_params, task, ctx, train=False)
-        _, metrics = supervised_loss_and_metrics("classification", logits, task.query)
-        return {k: jnp.broadcast_to(v, (len(tuple(steps)),)) for k, v in metrics.items()}
+    task_grad, evaluate = query_classifier(logits_and_state)
 
     def adapt_params(meta_params, support, ctx, inner_steps=0):
         del inner_steps  # no inner loop
         params = meta_params["params"]
-        head, _ = split_top_level(params, tuple(model.head))
-        entry = head[model.head[0]] if len(head) == 1 else None
-        if entry is None or set(entry) != {"kernel", "bias"} or entry["kernel"].ndim != 2:
-            raise ValueError(
-                "r2d2's adapt writes the solved ridge head into the model's head and needs a "
-                "head of one Dense entry with 'kernel' [dim, ways] and 'bias' [ways]"
-            )
-        num_classes = entry["kernel"].shape[1]
+        written = "r2d2's adapt writes the solved ridge head into the model's head"
+        head, num_classes = dense_head(model, params, written)
         w, present = solve(meta_params, support, ctx, num_classes, False)
         scale, offset = meta_params["head"]["scale"], meta_params["head"]["bias"]
         bias = jnp.where(present, jnp.broadcast_to(offset, present.shape), -jnp.inf)
-        return {**params, model.head[0]: {"kernel": scale * w, "bias": bias}}
+        return {**params, head: {"kernel": scale * w, "bias": bias}}
 
     return MetaLearner(init, task_grad, evaluate, adapt_params)
