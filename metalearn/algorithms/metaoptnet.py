@@ -50,6 +50,7 @@ from metalearn.algorithms.embedding import (
     features,
     query_classifier,
 )
+from metalearn.core.curvature import cg_solve
 from metalearn.data.task import (
     Objective,
     Task,
@@ -181,42 +182,15 @@ def _svm_dual_bwd(c, iterations, tolerance, backward_iterations, saved, cotangen
         z = tangent(z)
         return tangent(gram @ z + z)
 
-    u = _conjugate_gradient(operator, tangent(v), backward_iterations)
+    rhs = tangent(v)
+    # To the dtype's rounding level; a zero-curvature step (exact convergence early) ends it.
+    tol = 10 * float(jnp.finfo(rhs.dtype).eps)
+    u = cg_solve(operator, rhs, max_iters=backward_iterations, tol=tol).x
     u = tangent(u)
     return -u @ alpha.T, jnp.zeros_like(onehot)
 
 
 svm_dual.defvjp(_svm_dual_fwd, _svm_dual_bwd)
-
-
-def _conjugate_gradient(operator, rhs, iterations):
-    """Conjugate gradients for a positive semi-definite ``operator`` and ``rhs`` in its range,
-    from 0, until the residual is at the dtype's rounding level (a step of zero curvature, which
-    exact convergence in fewer steps than the dimension gives, ends it instead of dividing 0/0).
-    """
-    tiny = (10 * jnp.finfo(rhs.dtype).eps) ** 2 * jnp.sum(rhs * rhs)
-
-    def cond(carry):
-        _, residual, _, rr, i, done = carry
-        return (i < iterations) & (rr > tiny) & ~done
-
-    def body(carry):
-        x, residual, direction, rr, i, _ = carry
-        image = operator(direction)
-        curvature = jnp.sum(direction * image)
-        done = curvature <= 0
-        step = jnp.where(done, 0.0, rr / jnp.where(done, 1.0, curvature))
-        x = x + step * direction
-        residual = residual - step * image
-        rr_new = jnp.sum(residual * residual)
-        direction = (
-            residual + jnp.where(rr > 0, rr_new / jnp.where(rr > 0, rr, 1.0), 0.0) * direction
-        )
-        return x, residual, direction, rr_new, i + 1, done
-
-    rr = jnp.sum(rhs * rhs)
-    init = (jnp.zeros_like(rhs), rhs, rhs, rr, jnp.zeros((), jnp.int32), jnp.zeros((), bool))
-    return jax.lax.while_loop(cond, body, init)[0]
 
 
 def svm_logits(
