@@ -129,7 +129,8 @@ API_PAGES = {
         "Algorithms",
         ["metalearn.algorithms"],
         "algorithms",
-        "base maml anil boil meta_sgd mamlpp imaml reptile protonet r2d2 metaoptnet embedding",
+        "base maml anil boil meta_sgd mamlpp imaml reptile protonet r2d2 metaoptnet baseline "
+        "embedding",
     ),
     "data": (
         "Task families",

@@ -95,13 +95,16 @@ FEWSHOT_ALGORITHMS = [
     pytest.param("boil", "resnet12", marks=pytest.mark.slow),  # 26 s: second-order inner loop
     ("metaoptnet_svm", "conv4"),
     pytest.param("metaoptnet_svm", "resnet12", marks=pytest.mark.slow),  # 22 s
+    ("baseline", "conv4"),
+    ("baseline_pp", "conv4"),
+    pytest.param("baseline_pp", "resnet12", marks=pytest.mark.slow),
 ]
 
 
 @pytest.mark.parametrize("algorithm, model", FEWSHOT_ALGORITHMS)
 def test_tiny_run_of_the_classification_algorithms_on_mock_omniglot(algorithm, model, tmp_path):
-    """R2D2, MetaOptNet-SVM (classification only) and BOIL on Omniglot-shaped mock episodes,
-    end to end."""
+    """R2D2, MetaOptNet-SVM, Baseline, Baseline++ (classification only) and BOIL on
+    Omniglot-shaped mock episodes, end to end."""
     overrides = [
         "+experiment=omniglot_5w1s_protonet",
         "+debug=tiny",
@@ -115,6 +118,8 @@ def test_tiny_run_of_the_classification_algorithms_on_mock_omniglot(algorithm, m
         overrides += ["algorithm.inner_steps=1", "eval.steps=[0,1]"]
     if algorithm == "metaoptnet_svm":  # its dual grows with the classes: 10-way training
         overrides += ["data.train_ways=10"]
+    if algorithm.startswith("baseline"):  # a classifier over every training class
+        overrides += ["data.train_labels=class", "data.train_ways=10", "eval.steps=[0,5]"]
     cfg = to_objects(compose_config(overrides))
     assert (cfg.algorithm.name, cfg.model.name) == (algorithm, model)
     with tfds.testing.mock_data(as_data_source_fn=fake_data_source(IMAGE_SHAPES["omniglot"])):

@@ -11,6 +11,7 @@ returns a :class:`MetaLearner` of pure functions, as optax's transforms are func
 
 from metalearn.algorithms.anil import anil
 from metalearn.algorithms.base import InnerLoopConfig, MetaLearner, TaskContext, context
+from metalearn.algorithms.baseline import baseline, baseline_pp
 from metalearn.algorithms.boil import boil
 from metalearn.algorithms.imaml import imaml
 from metalearn.algorithms.maml import fomaml, maml
@@ -26,6 +27,8 @@ __all__ = [
     "MetaLearner",
     "TaskContext",
     "anil",
+    "baseline",
+    "baseline_pp",
     "boil",
     "context",
     "fomaml",

@@ -61,6 +61,9 @@ from metalearn.data.class_split import ClassSplit
 from metalearn.data.task import Task, TaskFamily, WeightedBatch
 
 Shots = int | tuple[int, int]
+# The labels of training episodes: "episode", 0..ways-1 in a random order (meta-learning);
+# "class", each class's index in the training split (pretraining a classifier over all of them).
+TRAIN_LABELS = ("episode", "class")
 
 
 def random_subset(key: jax.Array, batch: tuple[int, ...], n: int, k: int) -> jax.Array:
@@ -97,12 +100,16 @@ def random_subsets_within(key: jax.Array, counts: jax.Array, max_count: int, k: 
     return jax.lax.top_k(keys, k)[1]
 
 
-def _draw(split: ClassSplit, key: jax.Array, ways: int, per_task: int):
-    """``(x float32 [ways, per_task, H, W, C], labels int32 [ways])`` of one episode."""
+def _draw(split: ClassSplit, key: jax.Array, ways: int, per_task: int, class_labels=False):
+    """``(x float32 [ways, per_task, H, W, C], labels int32 [ways])`` of one episode: the
+    labels a random permutation of ``0..ways-1``, or with ``class_labels`` the drawn classes'
+    indices in the split."""
     k_classes, k_examples, k_labels = jax.random.split(key, 3)
     classes = random_subset(k_classes, (), split.num_classes, ways)
     examples = random_subsets_within(k_examples, split.counts[classes], split.max_count, per_task)
     x = split.images[split.offsets[classes][:, None] + examples].astype(jnp.float32) / 255.0
+    if class_labels:
+        return x, classes.astype(jnp.int32)
     return x, jax.random.permutation(k_labels, ways).astype(jnp.int32)
 
 
@@ -117,10 +124,18 @@ def _check_sizes(split: ClassSplit, ways: int, shots: int, num_queries: int) -> 
 
 
 def sample_episode(
-    split: ClassSplit, key: jax.Array, *, ways: int, shots: int, num_queries: int
+    split: ClassSplit,
+    key: jax.Array,
+    *,
+    ways: int,
+    shots: int,
+    num_queries: int,
+    class_labels: bool = False,
 ) -> Task:
     """One ``ways``-way ``shots``-shot task with ``num_queries`` queries per class (static
-    ints): ``Task(support=(x, y), query=(x, y))``.
+    ints): ``Task(support=(x, y), query=(x, y))``. The labels are ``0..ways-1`` in a random
+    order, or with ``class_labels`` the classes' indices in the split (``0..num_classes-1``,
+    for pretraining a classifier over every class of the split: ``data.train_labels=class``).
 
     >>> import numpy as np
     >>> split = jax.device_put(ClassSplit.from_dense(np.zeros((10, 6, 4, 4, 1), np.uint8)))
@@ -129,7 +144,7 @@ def sample_episode(
     ((6, 4, 4, 1), (6,), (12, 4, 4, 1), dtype('float32'))
     """
     _check_sizes(split, ways, shots, num_queries)
-    x, labels = _draw(split, key, ways, shots + num_queries)
+    x, labels = _draw(split, key, ways, shots + num_queries, class_labels)
     y = jnp.broadcast_to(labels[:, None], x.shape[:2])
 
     def flat(x_part, y_part):
@@ -183,6 +198,7 @@ def check_episode_settings(
     ways_range: tuple[int, int] | None = None,
     shots_range: tuple[int, int] | None = None,
     train_ways: int | None = None,
+    train_labels: str = "episode",
 ) -> None:
     """Raise ValueError naming the ``data.*`` key for invalid episode settings (those that need
     no data; :class:`~metalearn.data.image_families.ImageEpisodesConfig` checks itself with it).
@@ -215,6 +231,15 @@ def check_episode_settings(
                 "ways of training episodes; drop one of them"
             )
         check_episode_settings(train_ways, num_queries)
+    if train_labels not in TRAIN_LABELS:
+        raise ValueError(
+            f"data.train_labels must be one of {list(TRAIN_LABELS)}, got {train_labels!r}"
+        )
+    if train_labels == "class" and (ways_range is not None or shots_range is not None):
+        raise ValueError(
+            "data.train_labels=class takes fixed episodes: drop data.ways_range and "
+            "data.shots_range"
+        )
 
 
 def _is_range(value, low: int) -> bool:
@@ -228,14 +253,19 @@ def _is_range(value, low: int) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class WaysSplit:
-    """A split whose episodes have their own number of ways (static): the training split with
-    ``data.train_ways``. A pytree whose leaves are those of ``classes``."""
+    """A split whose episodes have their own number of ways (static), and with
+    ``class_labels`` the classes' indices as labels: the training split with
+    ``data.train_ways`` or ``data.train_labels=class``. A pytree whose leaves are those of
+    ``classes``."""
 
     classes: ClassSplit
     ways: int
+    class_labels: bool = False
 
 
-jax.tree_util.register_dataclass(WaysSplit, data_fields=["classes"], meta_fields=["ways"])
+jax.tree_util.register_dataclass(
+    WaysSplit, data_fields=["classes"], meta_fields=["ways", "class_labels"]
+)
 
 
 def as_class_split(images, dataset: str, split: str) -> ClassSplit:
@@ -260,6 +290,7 @@ def episode_distribution(
     ways_range: tuple[int, int] | None = None,
     shots_range: tuple[int, int] | None = None,
     train_ways: int | None = None,
+    train_labels: str = "episode",
 ) -> TaskFamily:
     """A classification :class:`TaskFamily` over per-split :class:`ClassSplit` layouts
     (or dense uint8 ``[classes, examples, H, W, C]`` arrays, all classes of equal size).
@@ -277,7 +308,10 @@ def episode_distribution(
     Prototypical Networks' 60-way training for 5-way tests; validation and test episodes keep
     ``ways``, and the model gets ``max(ways, train_ways)`` outputs. The training split is then a
     :class:`WaysSplit` (its static ``ways`` tells the sampler). It takes fixed ways only: with
-    ``ways_range`` it is refused.
+    ``ways_range`` it is refused. ``train_labels="class"`` (the ``data.train_labels`` key)
+    labels training episodes with their classes' indices in the training split, for an
+    algorithm that pretrains a classifier over all of them (``algorithm=baseline``); the model
+    then gets one output per training class. Fixed episodes only.
 
     >>> arrays = {s: np.zeros((8, 20, 28, 28, 1), np.uint8) for s in ("train", "val", "test")}
     >>> tasks = episode_distribution(arrays, ways=5, num_queries=15, dataset="demo")
@@ -297,7 +331,7 @@ def episode_distribution(
     >>> tasks.num_outputs, tasks.ways, train.support[0].shape[0]
     (8, 5, 8)
     """
-    check_episode_settings(ways, num_queries, ways_range, shots_range, train_ways)
+    check_episode_settings(ways, num_queries, ways_range, shots_range, train_ways, train_labels)
     missing = {"train", "val", "test"} - set(split_images)
     if missing:
         raise ValueError(f"{dataset}: no arrays for split(s) {sorted(missing)}")
@@ -324,9 +358,9 @@ def episode_distribution(
 
     def sample(split: ClassSplit | WaysSplit, key: jax.Array, shots: Shots) -> Task:
         shots = _static_shots(shots)
-        n = ways
+        n, class_labels = ways, False
         if isinstance(split, WaysSplit):
-            n, split = split.ways, split.classes
+            n, class_labels, split = split.ways, split.class_labels, split.classes
         if shots_range is not None:
             if shots not in (shots_range[1], tuple(shots_range)):
                 raise ValueError(
@@ -337,7 +371,14 @@ def episode_distribution(
             shots = tuple(shots_range)
         try:
             if isinstance(shots, int) and ways_range is None:
-                return sample_episode(split, key, ways=n, shots=shots, num_queries=num_queries)
+                return sample_episode(
+                    split,
+                    key,
+                    ways=n,
+                    shots=shots,
+                    num_queries=num_queries,
+                    class_labels=class_labels,
+                )
             shot_range = (shots, shots) if isinstance(shots, int) else shots
             way_range = (n, n) if ways_range is None else tuple(ways_range)
             return sample_variable_episode(
@@ -347,13 +388,15 @@ def episode_distribution(
             raise ValueError(f"{dataset}: {err}") from None
 
     placed: dict[str, ClassSplit | WaysSplit] = dict(splits)
-    if train_ways != ways:
-        placed["train"] = WaysSplit(splits["train"], train_ways)
+    class_labels = train_labels == "class"
+    if train_ways != ways or class_labels:
+        placed["train"] = WaysSplit(splits["train"], train_ways, class_labels)
+    train_outputs = splits["train"].num_classes if class_labels else train_ways
     return TaskFamily(
         splits={name: jax.device_put(split) for name, split in placed.items()},
         sample=sample,
         input_shape=image_shapes.pop(),
-        num_outputs=max(max_ways, train_ways),
+        num_outputs=max(max_ways, train_outputs),
         kind="classification",
         ways=max_ways,
     )

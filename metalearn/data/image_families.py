@@ -28,12 +28,20 @@ class ImageEpisodesConfig:
     ways_range: list[int] | None = None  # [lo, hi]: variable ways, padded to hi
     shots_range: list[int] | None = None  # [lo, hi]: variable shots; trainer/eval shots = hi
     train_ways: int | None = None  # ways of training episodes; None: ways (see episodes.py)
+    # Training labels: "episode" (0..ways-1 per episode) or "class" (the class's index in the
+    # training split, for algorithms that pretrain a classifier: baseline, baseline_pp).
+    train_labels: str = "episode"
     data_dir: str | None = None  # TFDS data dir; None: $TFDS_DATA_DIR or ~/tensorflow_datasets
     manual_dir: str | None = None  # the downloaded sources (see the dataset's module)
 
     def __post_init__(self) -> None:  # a bad value is refused when the config is made
         check_episode_settings(
-            self.ways, self.num_queries, self.ways_range, self.shots_range, self.train_ways
+            self.ways,
+            self.num_queries,
+            self.ways_range,
+            self.shots_range,
+            self.train_ways,
+            self.train_labels,
         )
 
 
@@ -63,4 +71,5 @@ def image_episodes(
         ways_range=c.ways_range,
         shots_range=c.shots_range,
         train_ways=c.train_ways,
+        train_labels=c.train_labels,
     )

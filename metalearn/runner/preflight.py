@@ -53,9 +53,36 @@ def check_settings(plan: RunPlan) -> None:
             f"data.train_ways): the examples of the other classes would be dropped; set "
             f"algorithm.max_ways={ways}, or 0 for the support-set size"
         )
+    check_train_labels(cfg)
     error = lapack_batch_error(cfg, plan.task_batching, plan.platform, plan.device_count)
     if error:
         raise ValueError(error)
+
+
+def check_train_labels(cfg: Config) -> None:
+    """Refuses an algorithm that pretrains a classifier over the training classes (it declares
+    ``class_labels``) on episodes labelled ``0..ways-1``, and class labels for any other."""
+    name = cfg.algorithm.name
+    wants = ALGORITHMS.entry(name).info.get("class_labels", False)
+    labels = getattr(cfg.data, "train_labels", None)
+    if wants and labels is None:
+        raise ValueError(
+            f"algorithm={name} pretrains a classifier over a few-shot dataset's training "
+            f"classes; data={cfg.data.name} has none: choose data=omniglot, miniimagenet, "
+            "cifarfs or fc100"
+        )
+    if wants and labels != "class":
+        raise ValueError(
+            f"algorithm={name} pretrains a classifier over the training classes: set "
+            "data.train_labels=class (training labels are then the classes' indices; the "
+            f"*_{name} experiments set it)"
+        )
+    if labels == "class" and not wants:
+        raise ValueError(
+            "data.train_labels=class labels training episodes by class for an algorithm that "
+            f"pretrains a classifier (baseline, baseline_pp); algorithm={name} meta-learns on "
+            "episodes: drop it"
+        )
 
 
 def outer_step_settings(algorithm_config: Any) -> str | None:

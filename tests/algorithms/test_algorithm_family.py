@@ -35,9 +35,14 @@ NAMES = [
     "protonet",
     "r2d2",
     "metaoptnet_svm",
+    "baseline",
+    "baseline_pp",
 ]
 # Classification only, on the embedding (Gaussian-cluster tasks), with no inner loop.
-CLASSIFIERS = ("protonet", "r2d2", "metaoptnet_svm")
+CLASSIFIERS = ("protonet", "r2d2", "metaoptnet_svm", "baseline", "baseline_pp")
+# Trained as classifiers over fixed classes, not on episodes: their learning is checked on
+# class-labelled data in tests/algorithms/test_baseline.py.
+PRETRAINED = ("baseline", "baseline_pp")
 CONF_DIR = os.path.join(os.path.dirname(metalearn.__file__), "conf", "algorithm")
 
 
@@ -111,6 +116,9 @@ CONFIG_BAD_VALUES = [
     ("boil", "inner_lr", 0.0, "algorithm.inner_lr must be > 0, got 0.0"),
     ("r2d2", "lambda_init", 0.0, "algorithm.lambda_init must be > 0, got 0.0"),
     ("r2d2", "form", "svd", "algorithm.form must be one of"),
+    ("baseline", "finetune_lr", 0.0, "algorithm.finetune_lr must be > 0, got 0.0"),
+    ("baseline_pp", "momentum", 1.5, "algorithm.momentum must be in [0, 1], got 1.5"),
+    ("baseline", "weight_decay", -1e-3, "algorithm.weight_decay must be >= 0, got -0.001"),
 ]
 
 
@@ -186,7 +194,7 @@ OVERRIDES = {
 }
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in PRETRAINED])
 def test_meta_training_under_jit_and_vmap_reduces_the_loss(name):
     learner, model = build(name, **OVERRIDES.get(name, {}))
     meta_params = learner.init(jax.random.key(0), init_params(model, 1))
