@@ -16,7 +16,12 @@ from metalearn.rl.envs.locomotion import FAMILIES as LOCOMOTION
 from metalearn.runner.loop import train_and_evaluate
 from tests.cli import RL_TINY
 from tests.conftest import EXPERIMENTS, compose_config
-from tests.data.test_task_registry import IMAGE_SHAPES, fake_data_source
+from tests.data.test_task_registry import (
+    CLASSES_PER_SPLIT,
+    IMAGE_SHAPES,
+    PER_CLASS,
+    fake_data_source,
+)
 
 
 def tiny_overrides(experiment: str, data_dir: str) -> list[str]:
@@ -31,8 +36,12 @@ def tiny_overrides(experiment: str, data_dir: str) -> list[str]:
             overrides.append("algorithm.inner_steps=1")
     if composed.data.name in IMAGE_SHAPES:
         overrides.append(f"data.data_dir={data_dir}")
-    if composed.data.get("train_ways"):
-        overrides.append("data.train_ways=10")  # more ways than tests, within the mock classes
+    if composed.data.get("train_ways"):  # more ways than tests, within the mock classes
+        classes = CLASSES_PER_SPLIT * (4 if composed.data.name == "omniglot" else 1)
+        overrides.append(f"data.train_ways={min(10, classes)}")
+    shots = max(composed.trainer.shots, *composed.eval.get("shots", [1]))
+    if composed.data.name in IMAGE_SHAPES and shots + composed.data.num_queries > PER_CLASS:
+        overrides.append(f"data.num_queries={PER_CLASS - shots}")  # the mock's classes are small
     if composed.algorithm.name == "maml_rl":
         overrides += RL_TINY[2:]  # few rollouts, a small policy
     return overrides
@@ -46,6 +55,7 @@ DEFAULT = {
     "cifarfs_5w1s",
     "fc100_5w1s",
     "omniglot_5w1s_protonet",
+    "miniimagenet_5w1s_baseline_pp",  # 12 s: no second-order loop through 84x84 convolutions
 }
 PARAMS = [e if e in DEFAULT else pytest.param(e, marks=pytest.mark.slow) for e in EXPERIMENTS]
 
