@@ -1,11 +1,11 @@
 """scripts/bench.py's parallel-metalearn peer (``--impl parallel_metalearn``).
 
 parallel-metalearn installs a top-level ``metalearn`` of its own, so it lives in an environment
-of its own, named by ``$BENCH_PML_PYTHON`` (its interpreter); without it these tests skip:
+of its own: ``.venv-pml`` in the checkout, as the README's set-up makes it, or the one whose
+interpreter ``$BENCH_PML_PYTHON`` names; without either these tests skip:
 
-    python3 -m venv /work/venv-pml
-    /work/venv-pml/bin/pip install torch==2.13.0 parallel-metalearn==0.5.6
-    BENCH_PML_PYTHON=/work/venv-pml/bin/python pytest tests/scripts/test_bench_pml.py
+    python3 -m venv .venv-pml
+    .venv-pml/bin/pip install torch==2.13.0 parallel-metalearn==0.5.6
 
 Its meta-gradient (what lies in ``.grad`` when its ``MAML.step`` has run) must equal metalearn's
 in float64 on the same weights and tasks, for the sinusoid MLP and Conv4, both orders.
@@ -25,11 +25,15 @@ import pytest
 from tests.scripts import peer_checks
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-PML_PYTHON = os.environ.get("BENCH_PML_PYTHON", "")
+# The README's set-up makes it in the checkout; $BENCH_PML_PYTHON names another.
+PML_PYTHON = os.environ.get("BENCH_PML_PYTHON") or str(
+    SCRIPTS.parent / ".venv-pml" / "bin" / "python"
+)
 HAVE_PML = bool(PML_PYTHON) and os.access(PML_PYTHON, os.X_OK)
 NO_PML = (
-    "parallel-metalearn runs in an environment of its own: set BENCH_PML_PYTHON to its Python "
-    "(pip install torch==2.13.0 parallel-metalearn==0.5.6 there)"
+    "parallel-metalearn runs in an environment of its own: .venv-pml in the checkout (the "
+    "README's set-up), or set BENCH_PML_PYTHON to its Python (pip install torch==2.13.0 "
+    "parallel-metalearn==0.5.6 there)"
 )
 needs_pml = pytest.mark.skipif(not HAVE_PML, reason=NO_PML)
 RTOL = 1e-8  # float64 on both sides: rounding only
