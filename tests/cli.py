@@ -60,6 +60,21 @@ def finished(command: list[str], timeout: float, **kwargs) -> subprocess.Complet
         pytest.fail(f"waited {timeout} s for {' '.join(command)} to exit; last output:\n{output}")
 
 
+def communicated(proc: subprocess.Popen, timeout: float) -> tuple:
+    """``proc.communicate()``: its remaining output; ``timeout`` is a safety limit only (a hung
+    process, then killed), which fails the test naming the command and its output so far."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        command = " ".join(str(a) for a in proc.args) if isinstance(proc.args, list) else proc.args
+        pytest.fail(
+            f"waited {timeout} s for {command} to exit: killed; last output:\n"
+            f"{tail(out)}{tail(err)}"
+        )
+
+
 def run_cli(*args: str, module: str = "metalearn.train", cwd=None, env=None, timeout=600):
     """``python -m module args...`` with this checkout first on the import path."""
     command = [sys.executable, "-m", module, *args]

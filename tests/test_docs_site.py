@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import checkout_env
+from tests.cli import checkout_env, finished
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -31,9 +31,7 @@ def site(tmp_path_factory) -> Path:
     # This checkout first on the import path, for the examples' commands too (subprocesses of
     # the notebook kernel inherit it), as tests/cli.py runs every command.
     env = checkout_env()
-    built = subprocess.run(
-        command, capture_output=True, text=True, timeout=BUILD_LIMIT_S, cwd=ROOT, env=env
-    )
+    built = finished(command, BUILD_LIMIT_S, cwd=ROOT, env=env)
     report = f"{built.stdout[-4000:]}\n{built.stderr[-8000:]}"
     assert built.returncode == 0, f"the site build failed:\n{report}"
     return out
@@ -101,9 +99,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def test_the_built_pages_render_in_a_browser(site, tmp_path, page, title, entry):
     url = (site / page).as_uri()
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,900"]
-    dom = subprocess.run(
-        [CHROMIUM, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=180
-    )
+    dom = finished([CHROMIUM, *flags, "--dump-dom", url], 180)
     assert dom.returncode == 0, dom.stderr[-2000:]
     found_title = re.search(r"<title>(.*?)</title>", dom.stdout, flags=re.S)
     assert found_title and title in html.unescape(found_title.group(1)), dom.stdout[:500]

@@ -2,24 +2,18 @@
 never by ``import metalearn``, the algorithms, the runner, or a whole sinusoid run. tensorboardX
 (which imports torch when torch is installed) only when a run writes its metrics."""
 
-import subprocess
 import sys
 import textwrap
 
-from tests.cli import checkout_env
+from tests.cli import checkout_env, finished
 
 HEAVY = ("tensorflow_datasets", "tensorflow", "PIL")
 
 
 def run_python(code: str, tmp_path) -> str:
     """Run ``code`` in a fresh interpreter (this checkout first on the path); its stdout."""
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-        env=checkout_env(),
+    result = finished(
+        [sys.executable, "-c", textwrap.dedent(code)], 600, cwd=tmp_path, env=checkout_env()
     )
     assert result.returncode == 0, result.stdout + result.stderr[-4000:]
     return result.stdout

@@ -5,7 +5,6 @@ import email.parser
 import pathlib
 import re
 import shutil
-import subprocess
 import sys
 import zipfile
 
@@ -13,6 +12,7 @@ import pytest
 import tomllib
 
 import metalearn
+from tests.cli import finished
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # PyPI's "metalearn" (0.6.2) and "parallel-metalearn" are other projects, and both install a
@@ -140,11 +140,8 @@ def test_the_wheel_is_metalearn_jax_and_installs_the_package_metalearn(tmp_path)
     for package in ("metalearn", "hydra_plugins"):
         shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path / "wheels"
-    result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", str(src), "-w", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result = finished(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", str(src), "-w", str(out)], 600
     )
     output = result.stdout + result.stderr
     if result.returncode and ("No module named pip" in output or "build dependencies" in output):

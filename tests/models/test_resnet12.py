@@ -4,7 +4,6 @@ running statistics, running-statistics updates, dropout keys, jit, first and sec
 from __future__ import annotations
 
 import functools
-import subprocess
 import sys
 from functools import partial
 
@@ -19,6 +18,7 @@ from metalearn.models.base import model_from_flax
 from metalearn.models.resnet12 import NORM_NAMES, RESNET12_PARTS, ResNet12, ResNet12Config
 from metalearn.models.resnet12 import resnet12 as build_resnet12
 from metalearn.registry import MODELS
+from tests.cli import finished
 from tests.conftest import compose_config
 
 TINY = (2, 3, 4, 5)  # widths of a tiny net: 16x16 inputs give maps 8, 4, 2, 1
@@ -344,7 +344,7 @@ def test_the_config_refuses_a_bad_value_when_it_is_made(kwargs, message):
 
 def test_the_cli_composes_model_resnet12():
     cmd = [sys.executable, "-m", "metalearn.train", "data=miniimagenet", "model=resnet12"]
-    result = subprocess.run([*cmd, "--cfg", "job"], capture_output=True, text=True, timeout=120)
+    result = finished([*cmd, "--cfg", "job"], 120)
     assert result.returncode == 0, result.stderr
     assert "name: resnet12" in result.stdout and "dropblock_size: 5" in result.stdout
 

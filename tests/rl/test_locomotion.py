@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import os
-import subprocess
 import sys
 
 import jax
@@ -26,7 +25,7 @@ from metalearn.rl.envs.locomotion import (  # noqa: E402
 )
 from metalearn.rl.policy import init_policy, policy_apply  # noqa: E402
 from metalearn.rl.rollout import rollout  # noqa: E402
-from tests.cli import checkout_env, run_cli  # noqa: E402
+from tests.cli import checkout_env, finished, run_cli  # noqa: E402
 
 STEPS = 6
 # The original (rllab) coefficients, written out again: control cost, survive bonus.
@@ -190,14 +189,7 @@ def test_building_an_env_leaves_no_log_file_and_prints_nothing(tmp_path):
         "env = make_locomotion_env('ant_dir', horizon=5)\n"
         "assert mujoco.get_mju_user_warning() is None  # MuJoCo's own handler is back\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=checkout_env(),
-        timeout=600,
-    )
+    result = finished([sys.executable, "-c", code], 600, cwd=tmp_path, env=checkout_env())
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout == ""
     # Nor Brax's "not actively being maintained" UserWarning, nor MJX's root-logger INFO line.

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import time
 from typing import NamedTuple
@@ -14,7 +13,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 
 from metalearn.runner.checkpoints import CHECKSUMMED, CheckpointStore, stored_mismatch
-from tests.cli import checkout_env
+from tests.cli import checkout_env, finished
 
 
 class State(NamedTuple):
@@ -137,12 +136,8 @@ def test_a_failed_restore_leaves_no_read_behind_to_print_tracebacks(tmp_path):
     # pending; as each ended, TensorStore's thread called the closed loop and Python printed a
     # "RuntimeError: Event loop is closed" traceback: 16-55 of them over these 20 restores, in
     # each of 5 processes (cancelling the pending reads instead of letting them end: 21-39).
-    result = subprocess.run(
-        [sys.executable, "-c", OLDER_LAYOUT_RESTORES, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=checkout_env(),
+    result = finished(
+        [sys.executable, "-c", OLDER_LAYOUT_RESTORES, str(tmp_path)], 300, env=checkout_env()
     )
     assert result.returncode == 0, result.stderr
     for noise in ("Traceback", "Exception ignored", "Event loop is closed"):

@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from metalearn.train import CONF_DIR
-from tests.cli import checkout_env
+from tests.cli import checkout_env, communicated, finished
 
 
 def test_slurm_launcher_config_composes():
@@ -32,7 +32,7 @@ def test_slurm_launcher_config_composes():
 
 
 def test_sweep_through_submitit_runs_each_job(tmp_path):
-    result = subprocess.run(
+    result = finished(
         [
             sys.executable,
             "-m",
@@ -44,9 +44,7 @@ def test_sweep_through_submitit_runs_each_job(tmp_path):
             "seed=0,1",
             f"hydra.sweep.dir={tmp_path}",
         ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+        300,
         env=checkout_env(),
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -56,12 +54,10 @@ def test_sweep_through_submitit_runs_each_job(tmp_path):
 
 
 def sweep(tmp_path, *overrides, env=None):
-    return subprocess.run(
+    return finished(
         [sys.executable, "-m", "metalearn.train", "-m", "+experiment=sinusoid_maml", "+debug=tiny"]
         + [*overrides, f"hydra.sweep.dir={tmp_path}"],
-        capture_output=True,
-        text=True,
-        timeout=300,
+        300,
         env=checkout_env({**os.environ, **(env or {})}),
     )
 
@@ -161,7 +157,7 @@ def test_the_clusters_requeue_signal_saves_the_step_it_stopped_at_and_the_job_re
             os.kill(int(pids.read_text().split()[0]), signal.SIGUSR2)
     if sent_at is None:
         proc.kill()
-    output = proc.communicate(timeout=300)[0]
+    output = communicated(proc, 300)[0]
     waited = f"waited up to {limit_s} s for job 0 to log step 1000 (exit {proc.returncode})"
     assert sent_at is not None, f"{waited}; last output:\n{output[-4000:]}"
     assert sent_at < 4000, output  # the signal came during training

@@ -13,7 +13,7 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 from metalearn.config import OptimizerConfig, to_objects
 from metalearn.runner.experiment import build_optimizer
-from tests.cli import checkout_env, run_in_process
+from tests.cli import checkout_env, communicated, finished, run_in_process
 from tests.conftest import EXPERIMENTS, compose_config, experiment_of
 
 
@@ -188,7 +188,7 @@ def test_processes_that_check_one_output_directory_at_once_all_pass(tmp_path):
         subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=checkout_env())
         for _ in range(3)
     ]
-    errors = [p.communicate(timeout=400)[1] for p in procs]
+    errors = [communicated(p, 400)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], errors
     assert list((tmp_path / "run").iterdir()) == []  # no probe left behind
 
@@ -245,14 +245,11 @@ def test_the_recommended_schedule_reaches_the_optimizer():
     ],
 )
 def test_renamed_keys_fail_naming_the_new_key(old, new):
-    import subprocess
     import sys
 
-    result = subprocess.run(
+    result = finished(
         [sys.executable, "-m", "metalearn.train", "+experiment=sinusoid_maml", old],
-        capture_output=True,
-        text=True,
-        timeout=120,
+        120,
         env=checkout_env(),
     )
     assert result.returncode == 2

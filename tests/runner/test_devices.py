@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests.cli import checkout_env
+from tests.cli import checkout_env, communicated
 from tests.conftest import restore_latest_state
 
 TINY = [
@@ -40,7 +40,7 @@ def train(run_dir, *overrides, devices=1, timeout=240):
 
 
 def finish(proc, timeout=240):
-    output, _ = proc.communicate(timeout=timeout)
+    output, _ = communicated(proc, timeout)
     assert proc.returncode == 0, output
     return output
 
@@ -63,7 +63,7 @@ def test_tasks_sharded_over_four_devices_give_the_one_device_update(tmp_path):
 
 def test_meta_batch_must_divide_over_devices(tmp_path):
     proc = train(tmp_path / "bad", "trainer.meta_batch_size=6", devices=4)
-    output, _ = proc.communicate(timeout=120)
+    output, _ = communicated(proc, 120)
     assert proc.returncode == 2
     assert "trainer.meta_batch_size (6) must be a multiple of the number of devices (4)" in output
 
@@ -135,7 +135,7 @@ def test_a_signal_to_one_process_of_a_distributed_run_stops_every_process_at_one
         else:  # as soon as the second process starts its training loop: it compiles
             head = "".join(line for line in until(first[1], "training sinusoid_maml"))
         first[1].send_signal(signal.SIGTERM)  # the second process only
-        outputs = [p.communicate(timeout=120)[0] for p in first]
+        outputs = [communicated(p, 120)[0] for p in first]
     finally:  # hung, they would hold both cores for the rest of the tests
         for p in first:
             p.kill()

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from metalearn.runner.layout import saved_steps
-from tests.cli import Watched, checkout_env, run_cli, run_tool
+from tests.cli import Watched, checkout_env, communicated, run_cli, run_tool
 
 TINY = ["+experiment=sinusoid_maml", "+debug=tiny"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,7 +80,7 @@ def test_signal_anywhere_says_what_was_saved_and_resumes(tmp_path, signum, marke
         assert re.search(rf"during ({phase}): {saved}; rerun", stop_lines[0]), stop_lines[0]
     assert not (run_dir / "eval.json").exists()
     resumed = start(run_dir, *SLOW_EVAL)
-    out, _ = resumed.communicate(timeout=300)
+    out, _ = communicated(resumed, 300)
     assert resumed.returncode == 0 and "Traceback" not in out, out
     keys = metrics_keys(run_dir)
     assert sorted(keys) == sorted(set(keys)) == [(2, "train"), (4, "train"), (4, "val")]
@@ -209,7 +209,7 @@ def test_a_rerun_stopped_while_compiling_keeps_the_record_of_its_checkpoints(tmp
     assert not rerun.exit_file.exists(), "the run took Python's normal exit:\n" + output
     assert (run_dir / "config.yaml").read_text() == record
     again = start(run_dir)
-    out, _ = again.communicate(timeout=300)
+    out, _ = communicated(again, 300)
     assert again.returncode == 0 and "different config" not in out, out
 
 
@@ -234,7 +234,7 @@ def test_the_resume_hint_resumes_a_run_named_after_its_overrides(tmp_path):
     [run_dir] = (tmp_path / "outputs").glob("*/*")
     assert "=" in run_dir.parent.name and override.endswith(f'"{run_dir}"'), override
     resumed = start(None, *SLOW_EVAL, override, cwd=tmp_path)
-    out, _ = resumed.communicate(timeout=300)
+    out, _ = communicated(resumed, 300)
     assert resumed.returncode == 0 and "resumed from step 4" in out, out
     assert (run_dir / "eval.json").exists()
     assert len(list((tmp_path / "outputs").glob("*/*"))) == 1  # resumed there, not anew
@@ -251,7 +251,7 @@ def test_a_stopped_sweep_job_names_the_sweep_directory_to_rerun(tmp_path):
     [sweep_dir] = (tmp_path / "multirun").glob("*/*")
     assert override == f"hydra.sweep.dir={sweep_dir}", override
     resumed = start(None, *sweep, override, cwd=tmp_path)
-    out, _ = resumed.communicate(timeout=600)
+    out, _ = communicated(resumed, 600)
     assert resumed.returncode == 0 and "resumed from step 4" in out, out
     assert sorted(p.name for p in sweep_dir.glob("*/eval.json")) == ["eval.json"] * 2
 
@@ -311,7 +311,7 @@ def test_tensorboard_holds_what_metrics_jsonl_holds_after_a_kill_and_reruns(tmp_
     assert ("train/mse", 200) in {(tag, step) for tag, step, _ in logged}
     assert tensorboard_scalars(run_dir) == logged  # flushed as written
     for _ in range(2):  # resume from step 100; then rerun the finished run
-        out, _ = start(run_dir, *slow_validation).communicate(timeout=300)
+        out, _ = communicated(start(run_dir, *slow_validation), 300)
         assert "Traceback" not in out and (run_dir / "eval.json").exists(), out
         scalars = tensorboard_scalars(run_dir)
         assert scalars == metrics_scalars(run_dir)

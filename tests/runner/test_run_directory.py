@@ -18,7 +18,7 @@ import pytest
 
 from metalearn.runner.checkpoints import CheckpointStore
 from metalearn.runner.rundir import differences
-from tests.cli import RL_TINY, checkout_env
+from tests.cli import RL_TINY, checkout_env, communicated, finished
 from tests.conftest import restore_latest_state, runner_of
 
 TINY = ["+experiment=sinusoid_maml", "+debug=tiny"]
@@ -26,14 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(module: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env=checkout_env(),
-    )
+    return finished([sys.executable, "-m", module, *args], timeout, cwd=ROOT, env=checkout_env())
 
 
 def train(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
@@ -515,11 +508,7 @@ def test_evaluate_of_the_initialisation_and_ctrl_c(run_copy):
         if line.startswith("evaluating on"):
             proc.send_signal(signal.SIGINT)
             break
-    try:
-        _, err = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail(f"no exit 120 s after SIGINT; the evaluation printed:\n{proc.communicate()[1]}")
+    _, err = communicated(proc, 120)  # a safety limit: it exits at once after SIGINT
     assert proc.returncode == 130 and "Traceback" not in err, err
     assert err.strip().splitlines()[-1] == "interrupted by SIGINT: nothing was written"
     assert not (run_copy / "eval_best.json").exists()

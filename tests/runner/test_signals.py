@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import gc
 import signal
-import subprocess
 import sys
 import time
 
 import pytest
 
 from metalearn.runner.signals import Interrupted, StopRequest, hand_back_to_launcher
-from tests.cli import checkout_env
+from tests.cli import checkout_env, finished
 
 
 @pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
@@ -156,13 +155,7 @@ def test_a_signal_inside_xla_compilation_does_not_crash_the_process_after_it_is_
     # fault in mlir::StringAttr::get on the worker (gdb), after the stop line, in 17 of 60
     # signals sent 1.3-1.7 s into a long run's compilation on 2 cores (none of 60 with the
     # exception kept), and in 6 of 6 runs of this script.
-    proc = subprocess.run(
-        [sys.executable, "-c", SIGNAL_INSIDE_XLA_CONVERSION],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=checkout_env(),
-    )
+    proc = finished([sys.executable, "-c", SIGNAL_INSIDE_XLA_CONVERSION], 300, env=checkout_env())
     assert proc.stdout.count("interrupted") == 3, proc.stdout + proc.stderr
     assert proc.stdout.rstrip().endswith("alive") and proc.returncode == 0, (
         f"exit status {proc.returncode}\n{proc.stdout}{proc.stderr}"

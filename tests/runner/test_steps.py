@@ -21,6 +21,7 @@ from metalearn.runner.steps import (
     make_meta_step,
     make_meta_train_step,
 )
+from tests.cli import finished
 
 
 def tiny_conv_experiment(conv: str):
@@ -137,17 +138,14 @@ def check_two_devices_match_one() -> None:
 def test_tasks_split_over_two_cpu_devices_give_the_map_meta_gradient():
     """The auto CPU path for conv models (each device loops over its half of the tasks and
     the means are averaged) gives the one-device ``map`` meta-gradient and evaluation."""
-    import subprocess
     import sys
 
     from tests.cli import REPO, checkout_env
 
     code = "from tests.runner.test_steps import check_two_devices_match_one as c; c()"
-    result = subprocess.run(
+    result = finished(
         [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=600,
+        600,
         cwd=REPO,
         env=checkout_env({**__import__("os").environ, "JAX_NUM_CPU_DEVICES": "2"}),
     )

@@ -22,7 +22,7 @@ from metalearn.runner.loop import (
 from metalearn.runner.reporting import PROCESS_KEYS
 from metalearn.runner.rundir import saved_steps
 from metalearn.runner.steps import trained
-from tests.cli import Watched, checkout_env, run_cli, run_in_process, run_tool
+from tests.cli import Watched, checkout_env, communicated, run_cli, run_in_process, run_tool
 from tests.conftest import (
     compose_config,
     copy_of,
@@ -200,7 +200,7 @@ def test_a_resumed_run_logs_the_averages_of_an_uninterrupted_one(tmp_path):
             break
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
-    output = "".join(lines) + proc.communicate(timeout=120)[0]
+    output = "".join(lines) + communicated(proc, 120)[0]
     assert proc.returncode == 130, output
     stopped_at = CheckpointStore(str(run_dir / "checkpoints"), 2).latest_step()
     assert stopped_at is not None and 0 < stopped_at < 100000, output

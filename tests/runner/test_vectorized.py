@@ -22,7 +22,7 @@ from metalearn.config import to_objects
 from metalearn.runner.run import Runner
 from metalearn.runner.rundir import RunDirectory
 from metalearn.runner.steps import run_of
-from tests.cli import RL_TINY, TINY, checkout_env, run_cli, run_in_process, run_tool
+from tests.cli import RL_TINY, TINY, checkout_env, communicated, run_cli, run_in_process, run_tool
 from tests.conftest import compose_config, experiment_of, restore_latest_state
 from tests.data.test_task_registry import IMAGE_SHAPES, fake_data_source
 from tests.test_experiments import tiny_overrides
@@ -242,7 +242,7 @@ def wait_for_checkpoints(sweep_dir: Path, count: int, timeout: float = 240) -> N
 def uninterrupted(tmp_path_factory) -> dict[str, bytes]:
     sweep_dir = tmp_path_factory.mktemp("straight") / "s"
     process = start_sweep(sweep_dir)
-    output, _ = process.communicate(timeout=600)
+    output, _ = communicated(process, 600)
     assert process.returncode == 0, output[-3000:]
     return {p.name: (p / "eval.json").read_bytes() for p in job_dirs(sweep_dir)}
 
@@ -253,7 +253,7 @@ def test_a_killed_group_resumes_every_run_as_if_uninterrupted(tmp_path, uninterr
     process = start_sweep(sweep_dir)
     wait_for_checkpoints(sweep_dir, 2)
     process.send_signal(kill)
-    output, _ = process.communicate(timeout=300)
+    output, _ = communicated(process, 300)
     assert "Traceback" not in output, output[-3000:]
     if kill == signal.SIGTERM:  # every run saved the step it stopped at: the same one
         assert process.returncode == 128 + signal.SIGTERM, output[-3000:]
@@ -263,7 +263,7 @@ def test_a_killed_group_resumes_every_run_as_if_uninterrupted(tmp_path, uninterr
         statuses = {json.loads((j / "status.json").read_text())["status"] for j in jobs}
         assert statuses == {"interrupted"}
     resumed = start_sweep(sweep_dir)
-    output, _ = resumed.communicate(timeout=600)
+    output, _ = communicated(resumed, 600)
     assert resumed.returncode == 0, output[-3000:]
     assert "resumed from step" in output
     for job in job_dirs(sweep_dir):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import checkout_env
+from tests.cli import checkout_env, finished
 from tests.scripts import peer_checks
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
@@ -220,13 +220,6 @@ print("same bits")
 
 
 def test_unrolled_threefry_draws_the_same_bits_without_a_loop():
-    result = subprocess.run(
-        [sys.executable, "-c", SAME_BITS],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=SCRIPTS,  # bench_jax is imported from scripts/, metalearn from this checkout
-        env=checkout_env(),
-    )
+    result = finished([sys.executable, "-c", SAME_BITS], 300, cwd=SCRIPTS, env=checkout_env())
     assert result.returncode == 0, result.stderr[-3000:]
     assert "same bits" in result.stdout

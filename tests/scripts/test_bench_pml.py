@@ -16,12 +16,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.cli import finished
 from tests.scripts import peer_checks
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
@@ -56,7 +56,7 @@ def pml_meta_gradient(spec, problem, tmp_path) -> list[np.ndarray]:
     np.savez(source, spec=json.dumps(spec), **arrays, **batch)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     cmd = [PML_PYTHON, str(SCRIPTS / "bench_pml.py"), "--grad-check", str(source), str(target)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    proc = finished(cmd, 600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = np.load(target)
     return [out[f"arr_{i}"] for i in range(len(weights))]
@@ -108,11 +108,6 @@ def test_our_metalearn_is_refused_as_parallel_metalearn():
     stops with one line instead of timing the wrong package."""
     if importlib.util.find_spec("torch") is None:
         pytest.skip("torch is an optional extra")
-    proc = subprocess.run(
-        [os.sys.executable, str(SCRIPTS / "bench_pml.py"), "--row", "{}"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = finished([os.sys.executable, str(SCRIPTS / "bench_pml.py"), "--row", "{}"], 300)
     assert proc.returncode == 1
     assert "has no parallel-metalearn" in proc.stderr.strip().splitlines()[-1]
