@@ -40,8 +40,12 @@ def tiny_overrides(experiment: str, data_dir: str) -> list[str]:
         classes = CLASSES_PER_SPLIT * (4 if composed.data.name == "omniglot" else 1)
         overrides.append(f"data.train_ways={min(10, classes)}")
     shots = max(composed.trainer.shots, *composed.eval.get("shots", [1]))
-    if composed.data.name in IMAGE_SHAPES and shots + composed.data.num_queries > PER_CLASS:
-        overrides.append(f"data.num_queries={PER_CLASS - shots}")  # the mock's classes are small
+    if composed.data.name in IMAGE_SHAPES:  # the mock's classes are small
+        if shots + composed.data.num_queries > PER_CLASS:
+            overrides.append(f"data.num_queries={PER_CLASS - shots}")
+        train_queries = composed.data.get("train_queries")
+        if train_queries and composed.trainer.shots + train_queries > PER_CLASS:
+            overrides.append(f"data.train_queries={PER_CLASS - composed.trainer.shots}")
     if composed.algorithm.name == "maml_rl":
         overrides += RL_TINY[2:]  # few rollouts, a small policy
     return overrides

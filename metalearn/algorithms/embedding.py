@@ -19,6 +19,7 @@ from metalearn.data.task import (
     supervised_loss_and_metrics,
 )
 from metalearn.models.base import Model
+from metalearn.models.weighted_losses import weighted_mean
 
 
 def embedding_model(objective: Objective, name: str) -> Model:
@@ -80,15 +81,44 @@ def dense_head(model: Model, params, what: str) -> tuple[str, int]:
     return model.head[0], entry["kernel"].shape[1]
 
 
-def query_classifier(logits_and_state):
+def smoothed_cross_entropy(logits, batch, present, smoothing: float) -> jax.Array:
+    """The query cross-entropy against labels smoothed over the classes ``present`` in the
+    task: ``1 - smoothing`` on the label, ``smoothing / (present - 1)`` on each other present
+    class (MetaOptNet's reference code smooths over the episode's ways); a mean over the real
+    examples of a padded batch.
+
+    >>> logits = jnp.log(jnp.array([[0.5, 0.25, 0.25, 0.0]]))  # class 3 absent: logit -inf
+    >>> present = jnp.array([True, True, True, False])
+    >>> smoothed = smoothed_cross_entropy(logits, (None, jnp.array([0])), present, 0.2)
+    >>> import math
+    >>> round(float(smoothed), 4), round(-(0.8 * math.log(0.5) + 0.2 * math.log(0.25)), 4)
+    (0.8318, 0.8318)
+    """
+    labels = batch[1]
+    one_hot = jax.nn.one_hot(labels, logits.shape[-1], dtype=logits.dtype)
+    others = present.sum() - 1
+    targets = (1 - smoothing) * one_hot + smoothing * present * (1 - one_hot) / others
+    log_p = jax.nn.log_softmax(logits)
+    per_example = -jnp.sum(jnp.where(targets > 0, targets * log_p, 0.0), axis=-1)
+    weights = getattr(batch, "weights", None)
+    return per_example.mean() if weights is None else weighted_mean(per_example, weights)
+
+
+def query_classifier(logits_and_state, label_smoothing: float = 0.0):
     """``(task_grad, evaluate)`` of a learner without an inner loop whose query logits come from
     ``logits_and_state(meta, task, ctx, train) -> (logits, model state, extra metrics)``: the
-    meta-gradient of the query cross-entropy, and the same metrics for every step count."""
+    meta-gradient of the query cross-entropy (with ``label_smoothing``, that of
+    :func:`smoothed_cross_entropy`; the metrics report the plain one), and the same metrics for
+    every step count."""
 
     def task_grad(meta, task: Task, ctx):
         def query_loss(m):
             logits, state, extra = logits_and_state(m, task, ctx, True)
             loss, metrics = supervised_loss_and_metrics("classification", logits, task.query)
+            if label_smoothing:
+                classes = logits.shape[-1]
+                present = jax.nn.one_hot(task.support[1], classes).sum(0) > 0
+                loss = smoothed_cross_entropy(logits, task.query, present, label_smoothing)
             return loss, Aux(state, {**metrics, **extra})
 
         (_, aux), grads = jax.value_and_grad(query_loss, has_aux=True)(meta)

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Mapping
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -65,6 +67,12 @@ class MetaOptNetSVMConfig:
     tolerance (relative KKT residual), the implicit gradient's most conjugate-gradient steps and
     the logit scale's initial value."""
 
+    # Read in training only (metalearn.evaluate refuses them as overrides).
+    TRAINING_ONLY: ClassVar[Mapping[str, str]] = {
+        "label_smoothing": "it smooths the training loss' labels",
+        "scale_init": "it initialises the learned scale; the evaluation uses the checkpoint's",
+    }
+
     name: str = "metaoptnet_svm"
     c: float = 0.1  # the SVM's C (reference C_reg = 0.1)
     iterations: int = 5000  # most accelerated projected-gradient steps per task
@@ -72,6 +80,9 @@ class MetaOptNetSVMConfig:
     backward_iterations: int = 500  # most conjugate-gradient steps of the implicit gradient
     scale_init: float = 1.0  # the meta-learned logit scale's start (reference: 1.0)
     max_ways: int = 0  # classes are the labels below it; 0: below the support-set size
+    # The training loss's label smoothing over the episode's classes (reference: --eps, 0.1 on
+    # miniImageNet); the metrics report the plain cross-entropy.
+    label_smoothing: float = 0.0
 
     def __post_init__(self) -> None:
         for field, rule, ok in (
@@ -80,6 +91,7 @@ class MetaOptNetSVMConfig:
             ("tolerance", ">= 0", self.tolerance >= 0),
             ("backward_iterations", ">= 1", self.backward_iterations >= 1),
             ("max_ways", ">= 0 (0: the support-set size)", self.max_ways >= 0),
+            ("label_smoothing", "in [0, 1)", 0 <= self.label_smoothing < 1),
         ):
             if not ok:
                 raise ValueError(
@@ -287,7 +299,7 @@ def metaoptnet_svm(
         logits, residual = svm_logits(support, onehot, query, meta["scale"], c)
         return logits, state, {"svm_residual": residual}
 
-    task_grad, evaluate = query_classifier(logits_and_state)
+    task_grad, evaluate = query_classifier(logits_and_state, c.label_smoothing)
 
     def adapt_params(meta, support, ctx, inner_steps=0):
         del inner_steps  # no inner loop

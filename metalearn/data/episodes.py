@@ -199,6 +199,7 @@ def check_episode_settings(
     shots_range: tuple[int, int] | None = None,
     train_ways: int | None = None,
     train_labels: str = "episode",
+    train_queries: int | None = None,
 ) -> None:
     """Raise ValueError naming the ``data.*`` key for invalid episode settings (those that need
     no data; :class:`~metalearn.data.image_families.ImageEpisodesConfig` checks itself with it).
@@ -231,6 +232,10 @@ def check_episode_settings(
                 "ways of training episodes; drop one of them"
             )
         check_episode_settings(train_ways, num_queries)
+    if train_queries is not None and (not isinstance(train_queries, int) or train_queries < 1):
+        raise ValueError(
+            f"data.train_queries must be >= 1 (or null: data.num_queries), got {train_queries}"
+        )
     if train_labels not in TRAIN_LABELS:
         raise ValueError(
             f"data.train_labels must be one of {list(TRAIN_LABELS)}, got {train_labels!r}"
@@ -255,16 +260,18 @@ def _is_range(value, low: int) -> bool:
 class WaysSplit:
     """A split whose episodes have their own number of ways (static), and with
     ``class_labels`` the classes' indices as labels: the training split with
-    ``data.train_ways`` or ``data.train_labels=class``. A pytree whose leaves are those of
+    ``data.train_ways``, ``data.train_labels=class`` or ``data.train_queries`` (its
+    ``queries`` per class; None: the family's). A pytree whose leaves are those of
     ``classes``."""
 
     classes: ClassSplit
     ways: int
     class_labels: bool = False
+    queries: int | None = None
 
 
 jax.tree_util.register_dataclass(
-    WaysSplit, data_fields=["classes"], meta_fields=["ways", "class_labels"]
+    WaysSplit, data_fields=["classes"], meta_fields=["ways", "class_labels", "queries"]
 )
 
 
@@ -291,6 +298,7 @@ def episode_distribution(
     shots_range: tuple[int, int] | None = None,
     train_ways: int | None = None,
     train_labels: str = "episode",
+    train_queries: int | None = None,
 ) -> TaskFamily:
     """A classification :class:`TaskFamily` over per-split :class:`ClassSplit` layouts
     (or dense uint8 ``[classes, examples, H, W, C]`` arrays, all classes of equal size).
@@ -311,7 +319,9 @@ def episode_distribution(
     ``ways_range`` it is refused. ``train_labels="class"`` (the ``data.train_labels`` key)
     labels training episodes with their classes' indices in the training split, for an
     algorithm that pretrains a classifier over all of them (``algorithm=baseline``); the model
-    then gets one output per training class. Fixed episodes only.
+    then gets one output per training class. Fixed episodes only. ``train_queries`` (the
+    ``data.train_queries`` key; default: ``num_queries``) sets the queries per class of training
+    episodes alone (MetaOptNet trains with 6 and tests with 15).
 
     >>> arrays = {s: np.zeros((8, 20, 28, 28, 1), np.uint8) for s in ("train", "val", "test")}
     >>> tasks = episode_distribution(arrays, ways=5, num_queries=15, dataset="demo")
@@ -331,7 +341,9 @@ def episode_distribution(
     >>> tasks.num_outputs, tasks.ways, train.support[0].shape[0]
     (8, 5, 8)
     """
-    check_episode_settings(ways, num_queries, ways_range, shots_range, train_ways, train_labels)
+    check_episode_settings(
+        ways, num_queries, ways_range, shots_range, train_ways, train_labels, train_queries
+    )
     missing = {"train", "val", "test"} - set(split_images)
     if missing:
         raise ValueError(f"{dataset}: no arrays for split(s) {sorted(missing)}")
@@ -347,9 +359,12 @@ def episode_distribution(
                 f"{key_name}={needed} exceeds the {split.num_classes} classes of the "
                 f"{dataset} {name} split"
             )
-        if split.min_count <= num_queries:
+        queries, key_name = num_queries, "data.num_queries"
+        if name == "train" and train_queries is not None:
+            queries, key_name = train_queries, "data.train_queries"
+        if split.min_count <= queries:
             raise ValueError(
-                f"data.num_queries={num_queries} leaves no support examples: class "
+                f"{key_name}={queries} leaves no support examples: class "
                 f"{split.smallest} of the {dataset} {name} split has {split.min_count} images"
             )
     image_shapes = {split.image_shape for split in splits.values()}
@@ -358,9 +373,11 @@ def episode_distribution(
 
     def sample(split: ClassSplit | WaysSplit, key: jax.Array, shots: Shots) -> Task:
         shots = _static_shots(shots)
-        n, class_labels = ways, False
+        n, class_labels, queries = ways, False, num_queries
         if isinstance(split, WaysSplit):
-            n, class_labels, split = split.ways, split.class_labels, split.classes
+            n, class_labels = split.ways, split.class_labels
+            queries = num_queries if split.queries is None else split.queries
+            split = split.classes
         if shots_range is not None:
             if shots not in (shots_range[1], tuple(shots_range)):
                 raise ValueError(
@@ -376,21 +393,21 @@ def episode_distribution(
                     key,
                     ways=n,
                     shots=shots,
-                    num_queries=num_queries,
+                    num_queries=queries,
                     class_labels=class_labels,
                 )
             shot_range = (shots, shots) if isinstance(shots, int) else shots
             way_range = (n, n) if ways_range is None else tuple(ways_range)
             return sample_variable_episode(
-                split, key, ways=way_range, shots=shot_range, num_queries=num_queries
+                split, key, ways=way_range, shots=shot_range, num_queries=queries
             )
         except ValueError as err:
             raise ValueError(f"{dataset}: {err}") from None
 
     placed: dict[str, ClassSplit | WaysSplit] = dict(splits)
     class_labels = train_labels == "class"
-    if train_ways != ways or class_labels:
-        placed["train"] = WaysSplit(splits["train"], train_ways, class_labels)
+    if train_ways != ways or class_labels or train_queries is not None:
+        placed["train"] = WaysSplit(splits["train"], train_ways, class_labels, train_queries)
     train_outputs = splits["train"].num_classes if class_labels else train_ways
     return TaskFamily(
         splits={name: jax.device_put(split) for name, split in placed.items()},

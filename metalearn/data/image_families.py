@@ -31,6 +31,7 @@ class ImageEpisodesConfig:
     # Training labels: "episode" (0..ways-1 per episode) or "class" (the class's index in the
     # training split, for algorithms that pretrain a classifier: baseline, baseline_pp).
     train_labels: str = "episode"
+    train_queries: int | None = None  # queries per class of training episodes; None: num_queries
     data_dir: str | None = None  # TFDS data dir; None: $TFDS_DATA_DIR or ~/tensorflow_datasets
     manual_dir: str | None = None  # the downloaded sources (see the dataset's module)
 
@@ -42,6 +43,7 @@ class ImageEpisodesConfig:
             self.shots_range,
             self.train_ways,
             self.train_labels,
+            self.train_queries,
         )
 
 
@@ -72,4 +74,5 @@ def image_episodes(
         shots_range=c.shots_range,
         train_ways=c.train_ways,
         train_labels=c.train_labels,
+        train_queries=c.train_queries,
     )

@@ -261,3 +261,41 @@ def test_max_ways_below_the_episodes_ways_is_refused_before_the_run(tmp_path):
     # This experiment trains on 60-way episodes (data.train_ways) and tests on 5-way ones.
     with pytest.raises(ValueError, match=r"algorithm.max_ways=3 is below the episodes' 60 ways"):
         runner_of(cfg, tmp_path)
+
+
+def test_label_smoothing_of_the_training_loss_equals_its_formula():
+    """With ``label_smoothing`` the meta-gradient is that of the cross-entropy against targets
+    ``1 - eps`` on the label and ``eps / (ways - 1)`` on each other class present in the
+    support set (the reference's, over the episode's ways), written here in NumPy terms; a
+    class absent from the support set (logit -inf) gets no mass; the metrics stay the plain
+    cross-entropy, and evaluation is unchanged."""
+    from metalearn.algorithms.embedding import query_classifier
+
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((8, 3)), rng.standard_normal((3, 5))
+    labels = np.array([0, 1, 2, 3, 0, 1, 2, 3])  # class 4 absent from the support set
+
+    def logits_and_state(meta, task, ctx, train):
+        present = jnp.arange(5) < 4
+        return jnp.where(present, task.query[0] @ meta["w"], -jnp.inf), {}, {}
+
+    eps = 0.1
+    grad_fn, evaluate = query_classifier(logits_and_state, label_smoothing=eps)
+    plain_grad, plain_evaluate = query_classifier(logits_and_state)
+    with jax.enable_x64(True):
+        task = Task((jnp.zeros((4, 1)), jnp.arange(4)), (jnp.asarray(x), jnp.asarray(labels)))
+        meta = {"w": jnp.asarray(w)}
+        grads, aux = grad_fn(meta, task, None)
+
+        def smoothed(w):
+            z = jnp.asarray(x) @ w[:, :4]
+            log_p = z - jax.scipy.special.logsumexp(z, axis=1, keepdims=True)
+            targets = np.full((8, 4), eps / 3)
+            targets[np.arange(8), labels] = 1 - eps
+            return -jnp.mean(jnp.sum(targets * log_p, axis=1))
+
+        np.testing.assert_allclose(grads["w"], jax.grad(smoothed)(meta["w"]), rtol=1e-12)
+        assert np.all(np.asarray(grads["w"])[:, 4] == 0)
+        plain_loss = plain_grad(meta, task, None)[1].metrics["loss"]
+        np.testing.assert_allclose(aux.metrics["loss"], plain_loss, rtol=1e-12)
+        assert evaluate(meta, task, None, (0,)) == plain_evaluate(meta, task, None, (0,))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from metalearn.data.class_split import ClassSplit
-from metalearn.data.episodes import episode_distribution, sample_episode
+from metalearn.data.episodes import check_episode_settings, episode_distribution, sample_episode
 
 NUM_CLASSES, PER_CLASS = 30, 12
 
@@ -213,6 +213,23 @@ def test_rejects_ragged_or_mistyped_arrays():
         sample_episode(split, jax.random.key(0), ways=31, shots=1, num_queries=3)
     with pytest.raises(ValueError, match=r"shots=10 \+ data.num_queries=3 exceeds the 12 images"):
         sample_episode(split, jax.random.key(0), ways=5, shots=10, num_queries=3)
+
+
+def test_train_queries_apply_to_training_episodes_only():
+    # MetaOptNet trains with 6 queries per class and tests with 15.
+    arrays = {split: tagged_images(12, 20) for split in ("train", "val", "test")}
+    tasks = episode_distribution(arrays, ways=5, num_queries=9, dataset="tagged", train_queries=3)
+    train = tasks.sample(tasks.splits["train"], jax.random.key(0), 2)
+    assert train.support[0].shape[0] == 10 and train.query[0].shape[0] == 15
+    pairs = [tuple(p) for p in ids(jnp.concatenate([train.support[0], train.query[0]]))]
+    assert len(set(pairs)) == 25  # 5 examples of each class, none drawn twice
+    for split in ("val", "test"):
+        task = tasks.sample(tasks.splits[split], jax.random.key(1), 2)
+        assert task.query[0].shape[0] == 45
+    with pytest.raises(ValueError, match="data.train_queries=20 leaves no support examples"):
+        episode_distribution(arrays, ways=5, num_queries=9, dataset="tagged", train_queries=20)
+    with pytest.raises(ValueError, match=r"data.train_queries must be >= 1 \(or null"):
+        check_episode_settings(5, 9, train_queries=0)
 
 
 def test_train_ways_apply_to_training_episodes_only():
