@@ -129,7 +129,7 @@ API_PAGES = {
         "Algorithms",
         ["metalearn.algorithms"],
         "algorithms",
-        "base maml anil boil meta_sgd mamlpp imaml reptile protonet r2d2 metaoptnet baseline "
+        "base maml anil boil cavia meta_sgd mamlpp imaml reptile protonet r2d2 metaoptnet baseline "
         "embedding",
     ),
     "data": (

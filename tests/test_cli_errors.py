@@ -144,7 +144,7 @@ def test_help_lists_only_the_options_a_command_line_may_select():
     result = run_in_process("+experiment=sinusoid_maml", "--help")
     assert result.returncode == 0, result.stderr
     groups = result.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
-    assert "algorithm: anil, baseline, baseline_pp, boil, fomaml," in groups
+    assert "algorithm: anil, baseline, baseline_pp, boil, cavia, fomaml," in groups
     assert "experiment: cifarfs_5w1s," in groups
     assert "_schema" not in groups and "base_" not in groups
     assert "inner_lr:" in result.stdout.split("== Config ==")[1]  # the composed config stays

@@ -59,7 +59,8 @@ DEFAULT = {
     "cifarfs_5w1s",
     "fc100_5w1s",
     "omniglot_5w1s_protonet",
-    "miniimagenet_5w1s_baseline_pp",  # 12 s: no second-order loop through 84x84 convolutions
+    "miniimagenet_5w1s_baseline_pp",
+    "sinusoid_cavia",  # 12 s: no second-order loop through 84x84 convolutions
 }
 PARAMS = [e if e in DEFAULT else pytest.param(e, marks=pytest.mark.slow) for e in EXPERIMENTS]
 
@@ -109,6 +110,7 @@ FEWSHOT_ALGORITHMS = [
     pytest.param("boil", "resnet12", marks=pytest.mark.slow),  # 26 s: second-order inner loop
     ("metaoptnet_svm", "conv4"),
     pytest.param("metaoptnet_svm", "resnet12", marks=pytest.mark.slow),  # 22 s
+    ("cavia", "conv4"),
     ("baseline", "conv4"),
     ("baseline_pp", "conv4"),
     pytest.param("baseline_pp", "resnet12", marks=pytest.mark.slow),
@@ -128,7 +130,7 @@ def test_tiny_run_of_the_classification_algorithms_on_mock_omniglot(algorithm, m
         "trainer.meta_batch_size=1",
         "model.filters=8" if model == "conv4" else "model.filters=[4,4,4,4]",
     ]
-    if algorithm == "boil":
+    if algorithm in ("boil", "cavia"):
         overrides += ["algorithm.inner_steps=1", "eval.steps=[0,1]"]
     if algorithm == "metaoptnet_svm":  # its dual grows with the classes: 10-way training
         overrides += ["data.train_ways=10"]

@@ -13,6 +13,7 @@ from metalearn.algorithms.anil import anil
 from metalearn.algorithms.base import InnerLoopConfig, MetaLearner, TaskContext, context
 from metalearn.algorithms.baseline import baseline, baseline_pp
 from metalearn.algorithms.boil import boil
+from metalearn.algorithms.cavia import cavia
 from metalearn.algorithms.imaml import imaml
 from metalearn.algorithms.maml import fomaml, maml
 from metalearn.algorithms.mamlpp import mamlpp
@@ -30,6 +31,7 @@ __all__ = [
     "baseline",
     "baseline_pp",
     "boil",
+    "cavia",
     "context",
     "fomaml",
     "imaml",

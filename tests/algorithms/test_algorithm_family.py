@@ -29,6 +29,7 @@ NAMES = [
     "reptile",
     "anil",
     "boil",
+    "cavia",
     "meta_sgd",
     "mamlpp",
     "imaml",
@@ -46,8 +47,13 @@ PRETRAINED = ("baseline", "baseline_pp")
 CONF_DIR = os.path.join(os.path.dirname(metalearn.__file__), "conf", "algorithm")
 
 
+# Settings that fit the test models (CAVIA's FiLM on the sine MLP's first layer).
+FITTING = {"cavia": {"film_module": "hidden_0", "num_context": 4, "inner_lr": 0.1}}
+
+
 def build(name, **overrides):
-    config = dataclasses.replace(ALGORITHMS.entry(name).config_cls(), **overrides)
+    config = ALGORITHMS.entry(name).config_cls()
+    config = dataclasses.replace(config, **{**FITTING.get(name, {}), **overrides})
     model = cluster_model() if name in CLASSIFIERS else sine_model()
     return ALGORITHMS.build(config, model.objective), model
 
@@ -114,6 +120,8 @@ CONFIG_BAD_VALUES = [
     ("imaml", "inner_optimizer", "lbfgs", "algorithm.inner_optimizer must be one of"),
     ("imaml", "curvature", "fisher", "algorithm.curvature must be one of"),
     ("boil", "inner_lr", 0.0, "algorithm.inner_lr must be > 0, got 0.0"),
+    ("cavia", "num_context", 0, "algorithm.num_context must be an integer >= 1, got 0"),
+    ("cavia", "film_module", "", "algorithm.film_module must name a parameter entry"),
     ("r2d2", "lambda_init", 0.0, "algorithm.lambda_init must be > 0, got 0.0"),
     ("r2d2", "form", "svd", "algorithm.form must be one of"),
     ("baseline", "finetune_lr", 0.0, "algorithm.finetune_lr must be > 0, got 0.0"),
