@@ -157,10 +157,14 @@ def cavia(objective: Objective, config: CAVIAConfig | None = None, **overrides) 
 
         with nn.intercept_methods(interceptor):
             yield
-        if seen and c.film_module not in seen:
+        called = list(dict.fromkeys(s for s in seen if s))
+        if c.film_module not in called:  # else the context would silently go nowhere
             raise ValueError(
                 f"algorithm.film_module={c.film_module}: the model never calls a submodule of "
-                f"that name; it calls {', '.join(dict.fromkeys(s for s in seen if s))}"
+                f"that name; it calls {', '.join(called)}"
+                if called
+                else "algorithm=cavia feeds the context through the model's Flax submodules, "
+                "and this model calls none (not a Flax module): register a Flax model"
             )
 
     def context_loss(meta, ctx, train=True):

@@ -147,3 +147,31 @@ def test_refusals_are_one_line():
     support = (jnp.zeros((5, 28, 28, 1)), jnp.arange(5))
     with pytest.raises(ValueError, match="the output of norms_2 is not affine in its parameters"):
         learner.adapt(meta, support, context(conv_state), 1)
+
+
+def test_a_context_that_would_reach_no_submodule_is_refused():
+    """A parameter entry the model never calls as a submodule (here: a model of pure functions,
+    no Flax modules to intercept) would leave the context unused: refused in one line."""
+    from metalearn.models.base import stateless
+
+    def apply(params, x):
+        return jnp.tanh(x @ params["hidden_0"]["kernel"]) @ params["head"]["kernel"]
+
+    def init(key):
+        k1, k2 = jax.random.split(key)
+        return {
+            "hidden_0": {"kernel": jax.random.normal(k1, (1, 4))},
+            "head": {"kernel": jax.random.normal(k2, (4, 1))},
+        }
+
+    model = stateless(init, apply)
+    learner = cavia(
+        supervised_objective(model, "regression"), num_context=2, film_module="hidden_0"
+    )
+    params, state = model.init(jax.random.key(0))
+    meta = learner.init(jax.random.key(1), params)
+    task = Task((jnp.ones((4, 1)), jnp.ones((4, 1))), (jnp.ones((4, 1)), jnp.ones((4, 1))))
+    with pytest.raises(
+        ValueError, match=r"^algorithm=cavia feeds the context through .* calls none"
+    ):
+        learner.task_grad(meta, task, context(state))
