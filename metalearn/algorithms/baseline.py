@@ -27,6 +27,7 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from metalearn.algorithms.base import (
     MetaLearner,
@@ -53,8 +54,6 @@ from metalearn.data.task import (
     supervised_loss_and_metrics,
 )
 from metalearn.registry import ALGORITHMS
-
-CLASS_LABELS = "data.train_labels=class"
 
 
 @dataclasses.dataclass
@@ -180,6 +179,9 @@ def fine_tuning_baseline(objective: Objective, c: BaselineConfig, cosine: bool) 
     model = embedding_model(objective, name)
     own = hyperparameters(c)
     why = "to train a classifier over"
+    # PyTorch's SGD, composed as the outer optimizer's (runner.experiment.build_optimizer): the
+    # decay added to the gradient, then momentum; the rate applied in the step.
+    sgd = optax.chain(optax.add_decayed_weights(c.weight_decay), optax.trace(decay=c.momentum))
 
     def init(key, model_params):
         del key
@@ -233,16 +235,13 @@ def fine_tuning_baseline(objective: Objective, c: BaselineConfig, cosine: bool) 
             logits = jnp.where(present, head_logits(h, x, num_classes), -jnp.inf)
             return supervised_loss_and_metrics("classification", logits, support)[0]
 
-        def step(carry, _):  # PyTorch's SGD: decay added to the gradient, then momentum
-            h, velocity = carry
-            grads = jax.grad(support_loss)(h)
-            grads = jax.tree_util.tree_map(lambda g, p: g + c.weight_decay * p, grads, h)
-            velocity = jax.tree_util.tree_map(lambda v, g: c.momentum * v + g, velocity, grads)
-            h = jax.tree_util.tree_map(lambda p, v: p - rates.finetune_lr * v, h, velocity)
-            return (h, velocity), h
+        def step(carry, _):  # the step at the rate passed as data
+            h, state = carry
+            direction, state = sgd.update(jax.grad(support_loss)(h), state, h)
+            h = jax.tree_util.tree_map(lambda p, d: p - rates.finetune_lr * d, h, direction)
+            return (h, state), h
 
-        zeros = jax.tree_util.tree_map(jnp.zeros_like, head)
-        _, later = jax.lax.scan(step, (head, zeros), None, length=num_steps)
+        _, later = jax.lax.scan(step, (head, sgd.init(head)), None, length=num_steps)
         stacked = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a[None], b]), head, later)
         return stacked, present
 
