@@ -376,10 +376,25 @@ def evaluate_trajectory(
     maps one (unstacked) entry of the trajectory to model parameters, e.g. to put an adapted
     head back on a shared body (ANIL) without stacking the body.
     """
-    steps = tuple(int(s) for s in steps)
     trajectory = trajectory_fn(task.support, max(max(steps), 1))
-    picked = jax.tree_util.tree_map(lambda t: t[jnp.asarray(steps)], trajectory)
-    return jax.vmap(lambda p: query_metrics(objective, to_model_params(p), ctx, task.query))(picked)
+    return metrics_at_steps(
+        trajectory, steps, lambda p: query_metrics(objective, to_model_params(p), ctx, task.query)
+    )
+
+
+def metrics_at_steps(
+    trajectory: PyTree, steps: Sequence[int], metrics: Callable[[PyTree], Metrics]
+) -> Metrics:
+    """``metrics`` of the trajectory's entries after each step count in ``steps``, stacked:
+    whatever a learner adapts (parameters, a context, a fitted head), stacked along a leading
+    axis of steps done.
+
+    >>> trajectory = {"w": jnp.array([0.0, 1.0, 2.0, 3.0])}  # after 0, 1, 2, 3 steps
+    >>> metrics_at_steps(trajectory, (0, 3), lambda p: {"w2": p["w"] ** 2})["w2"]
+    Array([0., 9.], dtype=float32)
+    """
+    picked = jax.tree_util.tree_map(lambda t: t[jnp.asarray([int(s) for s in steps])], trajectory)
+    return jax.vmap(metrics)(picked)
 
 
 def sgd_trajectory_fn(objective: Objective, params: PyTree, inner_lr, ctx: TaskContext):

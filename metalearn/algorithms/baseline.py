@@ -37,6 +37,7 @@ from metalearn.algorithms.base import (
     hyperparameter,
     hyperparameter_values,
     hyperparameters,
+    metrics_at_steps,
     with_config,
 )
 from metalearn.algorithms.embedding import (
@@ -246,18 +247,16 @@ def fine_tuning_baseline(objective: Objective, c: BaselineConfig, cosine: bool) 
         return stacked, present
 
     def evaluate(meta, task: Task, ctx, steps):
-        steps = tuple(int(s) for s in steps)
         heads, present = fitted_heads(meta, task.support, ctx, max(steps))
         check_classification(task.query, name, "to score")
         num_classes = present.shape[0]
         query, _ = features(model, meta["params"], ctx, task.query, 1, False, name, "to score")
-        picked = jax.tree_util.tree_map(lambda h: h[jnp.asarray(steps)], heads)
 
         def metrics(head):
             logits = jnp.where(present, head_logits(head, query, num_classes), -jnp.inf)
             return supervised_loss_and_metrics("classification", logits, task.query)[1]
 
-        return jax.vmap(metrics)(picked)
+        return metrics_at_steps(heads, steps, metrics)
 
     def adapt(meta, support, ctx, inner_steps=100):
         """The model's parameters with the fitted linear head written into its head (padded

@@ -38,6 +38,7 @@ from metalearn.algorithms.base import (
     hyperparameter_values,
     hyperparameters,
     inner_loss,
+    metrics_at_steps,
     query_loss,
     query_metrics,
     with_config,
@@ -201,7 +202,6 @@ def cavia(objective: Objective, config: CAVIAConfig | None = None, **overrides) 
         return grads, aux
 
     def evaluate(meta, task: Task, ctx, steps):
-        steps = tuple(int(s) for s in steps)
         loss_fn = context_loss(meta, ctx, train=False)
         inner_lr = hyperparameter_values(ctx, own).inner_lr
         trajectory = adapt_trajectory(
@@ -212,7 +212,7 @@ def cavia(objective: Objective, config: CAVIAConfig | None = None, **overrides) 
             with conditioned(meta, phi):
                 return query_metrics(objective, meta["params"], ctx, task.query)
 
-        return jax.vmap(metrics)(trajectory[jnp.asarray(steps)])
+        return metrics_at_steps(trajectory, steps, metrics)
 
     def adapt_params(meta, support, ctx, inner_steps=c.inner_steps):
         gamma, beta = film(meta, adapted_context(meta, support, ctx, inner_steps))
