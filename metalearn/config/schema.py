@@ -99,6 +99,7 @@ class OptimizerConfig:
     momentum: float = 0.0  # sgd only
     nesterov: bool = False  # sgd with momentum only
     grad_clip_norm: float = 0.0  # 0 disables clipping
+    grad_clip_value: float = 0.0  # each gradient entry clipped to [-value, value]; 0: none
 
     def __post_init__(self) -> None:
         check_numbers(self, "optimizer")
@@ -109,7 +110,15 @@ class OptimizerConfig:
             self.schedule in SCHEDULES,
             f"optimizer.schedule must be one of {SCHEDULES}, got {self.schedule!r}",
         )
-        check_at_least(self, "optimizer", 0, "warmup_steps", "grad_clip_norm", "weight_decay")
+        check_at_least(
+            self,
+            "optimizer",
+            0,
+            "warmup_steps",
+            "grad_clip_norm",
+            "weight_decay",
+            "grad_clip_value",
+        )
         require(
             self.weight_decay == 0 or name in ("adamw", "sgd"),
             f"optimizer.weight_decay={self.weight_decay} is used by optimizer.name=adamw or sgd "

@@ -126,7 +126,7 @@ def learning_rate(
 
 def build_optimizer(cfg: OptimizerConfig, meta_steps: int) -> optax.GradientTransformationExtraArgs:
     """The outer optimiser: adam | adamw | sgd (momentum, Nesterov's, weight decay) at
-    :func:`learning_rate`, optional clipping.
+    :func:`learning_rate`, optional clipping (each entry by value, then by the global norm).
 
     Its rate is data, ``update(..., learning_rate=lr)`` (default ``cfg.lr``), and its state
     that of ``optax.adam(lr)`` (``adamw``, ``sgd``), so checkpoints of either restore into both.
@@ -154,10 +154,11 @@ def build_optimizer(cfg: OptimizerConfig, meta_steps: int) -> optax.GradientTran
         return at_rate(cfg.lr if learning_rate is None else learning_rate).update(updates, state)
 
     scaled = optax.GradientTransformationExtraArgs(at_rate(cfg.lr).init, update)
-    base = optax.chain(*statistics, scaled)
+    clipping = [optax.clip(cfg.grad_clip_value)] if cfg.grad_clip_value > 0 else []
     if cfg.grad_clip_norm > 0:
-        return optax.chain(optax.clip_by_global_norm(cfg.grad_clip_norm), base)
-    return base
+        clipping.append(optax.clip_by_global_norm(cfg.grad_clip_norm))
+    base = optax.chain(*statistics, scaled)
+    return optax.chain(*clipping, base) if clipping else base
 
 
 def build_model(model_config: Any, tasks: TaskFamily, data_name: str = "the data") -> Model:

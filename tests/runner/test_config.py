@@ -349,6 +349,26 @@ def test_sgd_with_nesterov_weight_decay_and_steps_takes_pytorchs_updates():
         np.testing.assert_allclose(np.asarray(params["w"]), w, rtol=1e-6)
 
 
+def test_clipping_by_value_clamps_each_entry_before_the_norm_and_the_momentum():
+    """optimizer.grad_clip_value clamps every gradient entry (PyTorch's ``clamp_``, as CAVIA's
+    reference does), then grad_clip_norm rescales; against the same steps written in NumPy."""
+    cfg = OptimizerConfig(name="sgd", lr=0.1, momentum=0.9, grad_clip_value=1.0, grad_clip_norm=0.5)
+    optimizer = build_optimizer(cfg, meta_steps=2)
+    params = {"w": jnp.array([1.0, -2.0])}
+    state = optimizer.init(params)
+    w, buf = np.array([1.0, -2.0]), None
+    for grad in ([3.0, -0.5], [-0.25, 0.5]):
+        update, state = optimizer.update({"w": jnp.array(grad)}, state, params)
+        params = optax.apply_updates(params, update)
+        g = np.clip(grad, -1.0, 1.0)
+        g = g * min(1.0, 0.5 / np.linalg.norm(g))
+        buf = g if buf is None else 0.9 * buf + g
+        w = w - 0.1 * buf
+        np.testing.assert_allclose(np.asarray(params["w"]), w, rtol=1e-6)
+    with pytest.raises(ValueError, match="optimizer.grad_clip_value must be >= 0, got -1.0"):
+        OptimizerConfig(grad_clip_value=-1.0)
+
+
 def test_maml_rl_with_trpo_refuses_optimizer_settings_it_would_ignore():
     # TRPO's step is bounded by algorithm.max_kl; optimizer.lr=1e30 ran and changed nothing.
     rl = ["+experiment=rl_nav2d_maml", "+debug=tiny", "model.hidden_sizes=[8]"]
