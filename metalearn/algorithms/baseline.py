@@ -14,9 +14,11 @@ the training split as labels (``data.train_labels=class``, which the model's hea
 and the loss is the cross-entropy over the support and query examples together (class-balanced
 batches, where the reference draws 16 images at random). The test-time head starts as PyTorch's
 ``nn.Linear`` does (uniform in ``+-1/sqrt(features)``, from the task's key) and takes
-``eval.steps`` full-batch steps of SGD with momentum and weight decay (the reference: 100
-epochs of mini-batches of 4 at rate 0.01, momentum 0.9, weight decay 0.001). Labels are the
-episode's ``0..ways-1``; a class absent from the support set gets logit ``-inf``.
+``eval.steps`` steps of PyTorch's SGD, as the reference does: mini-batches of 4 support examples
+in a new random order each epoch (an epoch's last batch the remainder: 100 epochs are 200 steps
+at 5 examples, 700 at 25), rate 0.01, momentum 0.9 with dampening 0.9, weight decay 0.001
+(``finetune_batch_size=0``: full-batch steps). Labels are the episode's ``0..ways-1``; a class
+absent from the support set gets logit ``-inf``.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from metalearn.data.task import (
     Task,
     WeightedBatch,
     apply_to_batch,
+    real_examples,
     supervised_loss_and_metrics,
 )
 from metalearn.registry import ALGORITHMS
@@ -60,7 +63,8 @@ from metalearn.registry import ALGORITHMS
 @dataclasses.dataclass
 class BaselineConfig:
     """The test-time fine-tuning of the new head: its SGD rate (a :func:`hyperparameter`),
-    momentum and weight decay (the reference's). Its step counts are ``eval.steps``."""
+    momentum, dampening, weight decay and mini-batch size (the reference's). Its step counts
+    are ``eval.steps``."""
 
     # Read in training only (metalearn.evaluate refuses them as overrides).
     TRAINING_ONLY: ClassVar[Mapping[str, str]] = {"scale": "the training head's logit scale"}
@@ -68,7 +72,9 @@ class BaselineConfig:
     name: str = "baseline"
     finetune_lr: float = hyperparameter(0.01)
     momentum: float = 0.9
+    dampening: float = 0.9  # PyTorch's: the momentum buffer takes (1 - dampening) * gradient
     weight_decay: float = 0.001
+    finetune_batch_size: int = 4  # support examples per step; 0: the whole support set
     # Baseline++ only: the cosine logits' scale; 0: the reference's, 2 for at most 200
     # classes, else 10 (chosen per head: the training head's and each test task's).
     scale: float = 0.0
@@ -76,6 +82,8 @@ class BaselineConfig:
     def __post_init__(self) -> None:  # a bad value is refused when the config is made
         check_positive("finetune_lr", self.finetune_lr)
         check_fraction("momentum", self.momentum)
+        check_fraction("dampening", self.dampening)
+        check_nonnegative("finetune_batch_size", self.finetune_batch_size)
         check_nonnegative("weight_decay", self.weight_decay)
         check_nonnegative("scale", self.scale)
 
@@ -116,6 +124,57 @@ def linear_init(key: jax.Array, dim: int, num_classes: int, cosine: bool) -> dic
         "kernel": kernel,
         "bias": jax.random.uniform(k_b, (num_classes,), minval=-bound, maxval=bound),
     }
+
+
+def pytorch_momentum(momentum: float, dampening: float) -> optax.GradientTransformation:
+    """PyTorch SGD's momentum buffer: the first step's gradient, then ``momentum * buffer +
+    (1 - dampening) * gradient`` (``optax.trace`` is the case ``dampening=0``).
+
+    >>> tx = pytorch_momentum(0.9, 0.9)
+    >>> g = jnp.ones(2)
+    >>> first, state = tx.update(g, tx.init(g))
+    >>> second, _ = tx.update(g, state)
+    >>> first.tolist(), [round(v, 6) for v in second.tolist()]
+    ([1.0, 1.0], [1.0, 1.0])
+    """
+
+    def init(params):
+        return {"buffer": optax.tree.zeros_like(params), "started": jnp.zeros((), bool)}
+
+    def update(updates, state, params=None):
+        del params
+        buffer = jax.tree_util.tree_map(
+            lambda b, g: jnp.where(state["started"], momentum * b + (1 - dampening) * g, g),
+            state["buffer"],
+            updates,
+        )
+        return buffer, {"buffer": buffer, "started": jnp.ones((), bool)}
+
+    return optax.GradientTransformation(init, update)
+
+
+def finetune_batches(
+    key: jax.Array, num_examples: int, batch_size: int, num_steps: int
+) -> tuple[jax.Array, jax.Array]:
+    """The support examples of each fine-tuning step, as the reference draws them: epochs of
+    mini-batches of ``batch_size`` in a new random order each (the last batch of an epoch the
+    remainder). Returns indices ``[num_steps, batch_size]`` and the mask of those in use.
+
+    >>> indices, used = finetune_batches(jax.random.key(0), 5, 4, 4)
+    >>> used.sum(axis=1).tolist()  # epochs of 5 examples: a batch of 4, then the 1 left
+    [4, 1, 4, 1]
+    >>> sorted(indices[:2][used[:2]].tolist())  # each epoch takes every example once
+    [0, 1, 2, 3, 4]
+    """
+    per_epoch = -(-num_examples // batch_size)
+    epochs = -(-num_steps // per_epoch)
+    width = per_epoch * batch_size
+    orders = jax.vmap(lambda k: jax.random.permutation(k, num_examples))(
+        jax.random.split(key, max(epochs, 1))
+    )
+    indices = jnp.pad(orders, ((0, 0), (0, width - num_examples))).reshape(-1, batch_size)
+    used = jnp.tile((jnp.arange(width) < num_examples).reshape(per_epoch, batch_size), (epochs, 1))
+    return indices[:num_steps], used[:num_steps]
 
 
 def _merged(task: Task):
@@ -182,7 +241,9 @@ def fine_tuning_baseline(objective: Objective, c: BaselineConfig, cosine: bool) 
     why = "to train a classifier over"
     # PyTorch's SGD, composed as the outer optimizer's (runner.experiment.build_optimizer): the
     # decay added to the gradient, then momentum; the rate applied in the step.
-    sgd = optax.chain(optax.add_decayed_weights(c.weight_decay), optax.trace(decay=c.momentum))
+    sgd = optax.chain(
+        optax.add_decayed_weights(c.weight_decay), pytorch_momentum(c.momentum, c.dampening)
+    )
 
     def init(key, model_params):
         del key
@@ -224,25 +285,36 @@ def fine_tuning_baseline(objective: Objective, c: BaselineConfig, cosine: bool) 
         """The new head after 0..num_steps fine-tuning steps (stacked), and the classes present
         in the support set."""
         check_classification(support, name, "to fit a head on")
-        num_classes = support[1].shape[0]  # static upper bound on the ways
+        num_examples = num_classes = support[1].shape[0]  # static upper bound on the ways
         x = support_features(meta, support, ctx)
         key = jax.random.key(0) if ctx.key is None else jax.random.fold_in(ctx.key, 2)
         head = linear_init(key, x.shape[1], num_classes, cosine)
         rates = hyperparameter_values(ctx, own)
+        real = real_examples(support)
+        real = jnp.ones(num_examples, bool) if real is None else real
+        present = jax.nn.one_hot(support[1], num_classes).sum(0) > 0  # padding's labels: -1
+        indices, used = finetune_batches(
+            jax.random.fold_in(key, 1),
+            num_examples,
+            c.finetune_batch_size or num_examples,
+            num_steps,
+        )
 
-        present = jax.nn.one_hot(support[1], num_classes).sum(0) > 0
+        def batch_loss(h, batch):  # absent classes masked: the loss of a head over the task's ways
+            index, weight = batch[0], batch[1] & real[batch[0]]
+            logits = jnp.where(present, head_logits(h, x[index], num_classes), -jnp.inf)
+            logits = jnp.where(weight[:, None], logits, 0.0)  # padding: finite, weight 0
+            labels = jnp.where(weight, support[1][index], 0)
+            losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+            return jnp.sum(jnp.where(weight, losses, 0.0)) / jnp.maximum(weight.sum(), 1)
 
-        def support_loss(h):  # absent classes masked: the loss of a head over the task's ways
-            logits = jnp.where(present, head_logits(h, x, num_classes), -jnp.inf)
-            return supervised_loss_and_metrics("classification", logits, support)[0]
-
-        def step(carry, _):  # the step at the rate passed as data
+        def step(carry, batch):  # the step at the rate passed as data
             h, state = carry
-            direction, state = sgd.update(jax.grad(support_loss)(h), state, h)
+            direction, state = sgd.update(jax.grad(batch_loss)(h, batch), state, h)
             h = jax.tree_util.tree_map(lambda p, d: p - rates.finetune_lr * d, h, direction)
             return (h, state), h
 
-        _, later = jax.lax.scan(step, (head, sgd.init(head)), None, length=num_steps)
+        _, later = jax.lax.scan(step, (head, sgd.init(head)), (indices, used))
         stacked = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a[None], b]), head, later)
         return stacked, present
 

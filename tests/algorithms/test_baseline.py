@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from metalearn.algorithms.base import context
-from metalearn.algorithms.baseline import baseline, baseline_pp, cosine_logits, linear_init
+from metalearn.algorithms.baseline import (
+    baseline,
+    baseline_pp,
+    cosine_logits,
+    finetune_batches,
+    linear_init,
+)
 from metalearn.config import to_objects
 from metalearn.data.class_split import ClassSplit
 from metalearn.data.episodes import check_episode_settings, episode_distribution
@@ -40,10 +46,11 @@ def episode(seed: int, ways: int = 5, shots: int = 2, queries: int = 3) -> Task:
     return Task(draw(shots), draw(queries))
 
 
-def torch_fine_tuning(x_s, y_s, x_q, y_q, init, cosine, steps, lr, momentum, decay, scale):
+def torch_fine_tuning(x_s, y_s, x_q, y_q, init, cosine, steps, sgd, batches, scale):
     """The query cross-entropy after each of ``steps`` steps of the reference's fine-tuning:
-    ``torch.optim.SGD`` on a new ``nn.Linear`` head (Baseline) or on the weight-normalised,
-    bias-free one scoring normalised features (Baseline++'s ``distLinear``), full batch."""
+    ``torch.optim.SGD(**sgd)`` on a new ``nn.Linear`` head (Baseline) or on the
+    weight-normalised, bias-free one scoring normalised features (Baseline++'s ``distLinear``),
+    step ``i`` on the support examples ``batches[i]`` (None: all)."""
     torch = pytest.importorskip("torch")
     from torch.nn.utils.parametrizations import weight_norm
 
@@ -60,7 +67,7 @@ def torch_fine_tuning(x_s, y_s, x_q, y_q, init, cosine, steps, lr, momentum, dec
         layer.weight.data = t(init["kernel"][:, :ways]).T.contiguous()
         layer.bias.data = t(init["bias"][:ways])
         forward = layer
-    optimizer = torch.optim.SGD(layer.parameters(), lr=lr, momentum=momentum, weight_decay=decay)
+    optimizer = torch.optim.SGD(layer.parameters(), **sgd)
     x_s, x_q = t(x_s), t(x_q)
     y_s, y_q = torch.tensor(np.asarray(y_s)), torch.tensor(np.asarray(y_q))
     losses = []
@@ -68,27 +75,37 @@ def torch_fine_tuning(x_s, y_s, x_q, y_q, init, cosine, steps, lr, momentum, dec
         if step in steps:
             with torch.no_grad():
                 losses.append(float(torch.nn.functional.cross_entropy(forward(x_q), y_q)))
+        if step == max(steps):
+            break
+        batch = slice(None) if batches is None else torch.tensor(batches[step])
         optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(forward(x_s), y_s).backward()
+        torch.nn.functional.cross_entropy(forward(x_s[batch]), y_s[batch]).backward()
         optimizer.step()
     return np.array(losses)
 
 
+@pytest.mark.parametrize("batch_size, dampening", [(0, 0.0), (4, 0.9)], ids=["full", "reference"])
 @pytest.mark.parametrize("cosine", [False, True], ids=["baseline", "baseline_pp"])
-def test_fine_tuning_equals_pytorch_sgd_in_float64(cosine):
+def test_fine_tuning_equals_pytorch_sgd_in_float64(cosine, batch_size, dampening):
     """The new head's trajectory: query losses after 0, 1, 10 and 100 steps equal those of
-    PyTorch's SGD (momentum, weight decay) from the same start. The support set of 5 ways x 2
-    shots gives a head of 10 columns, 5 of them absent classes that must not count."""
+    PyTorch's SGD (momentum, dampening, weight decay) from the same start, on the same support
+    examples each step: all of them, or the reference's mini-batches of 4 (epochs of 4 + 4 + 2
+    here). The support set of 5 ways x 2 shots gives a head of 10 columns, 5 of them absent
+    classes that must not count."""
     factory = baseline_pp if cosine else baseline
-    steps, lr, momentum, decay = (0, 1, 10, 100), 0.05, 0.9, 0.001
+    steps = (0, 1, 10, 100)
+    lr = 0.05 / (1 - dampening)  # the same steady step: dampening scales the buffer's input
+    sgd = dict(lr=lr, momentum=0.9, dampening=dampening, weight_decay=0.001)
     with jax.enable_x64(True):
         model = mlp_model()
         params, state = model.init(jax.random.key(0))
         learner = factory(
             supervised_objective(model, "classification"),
-            finetune_lr=lr,
-            momentum=momentum,
-            weight_decay=decay,
+            finetune_lr=sgd["lr"],
+            momentum=sgd["momentum"],
+            dampening=dampening,
+            weight_decay=sgd["weight_decay"],
+            finetune_batch_size=batch_size,
         )
         meta = to64(learner.init(jax.random.key(1), params))
         task = episode(3)
@@ -97,7 +114,15 @@ def test_fine_tuning_equals_pytorch_sgd_in_float64(cosine):
         features = lambda x: model.embed(meta["params"], state, None, x, False)[0]  # noqa: E731
         support_size = task.support[1].shape[0]
         x_s = features(task.support[0])
-        init = linear_init(jax.random.fold_in(key, 2), x_s.shape[1], support_size, cosine)
+        head_key = jax.random.fold_in(key, 2)
+        init = linear_init(head_key, x_s.shape[1], support_size, cosine)
+        batches = None
+        if batch_size:
+            indices, used = finetune_batches(
+                jax.random.fold_in(head_key, 1), support_size, batch_size, max(steps)
+            )
+            batches = [np.asarray(i)[np.asarray(u)] for i, u in zip(indices, used, strict=True)]
+            assert [len(b) for b in batches[:3]] == [4, 4, 2]
         expected = torch_fine_tuning(
             x_s,
             task.support[1],
@@ -106,14 +131,26 @@ def test_fine_tuning_equals_pytorch_sgd_in_float64(cosine):
             init,
             cosine,
             steps,
-            lr,
-            momentum,
-            decay,
+            sgd,
+            batches,
             scale=2.0,
         )
     assert ours.dtype == jnp.float64
     np.testing.assert_allclose(np.asarray(ours), expected, rtol=1e-9)
     assert expected[-1] < 0.5 * expected[0]  # the head did learn: the comparison is not vacuous
+
+
+def test_fine_tuning_batches_cover_each_example_once_per_epoch_in_new_orders():
+    """The reference's epochs: every support example once per epoch, in a random order that
+    changes from epoch to epoch, and the last batch of each epoch the remainder."""
+    indices, used = finetune_batches(jax.random.key(5), 25, 4, 700)  # 100 epochs of 7 batches
+    indices, used = np.asarray(indices), np.asarray(used)
+    assert indices.shape == used.shape == (700, 4)
+    assert used.sum(axis=1).tolist() == [4, 4, 4, 4, 4, 4, 1] * 100
+    orders = [indices[e * 7 : e * 7 + 7][used[e * 7 : e * 7 + 7]] for e in range(100)]
+    assert all(sorted(order.tolist()) == list(range(25)) for order in orders)
+    assert len({tuple(order.tolist()) for order in orders}) == 100
+    assert finetune_batches(jax.random.key(5), 25, 4, 0)[0].shape == (0, 4)
 
 
 def test_cosine_logits_equal_the_formula_in_numpy():
