@@ -15,6 +15,7 @@ import yaml
 import metalearn.config as config
 from metalearn.models.mlp import MLP, MLPConfig
 from metalearn.models.resnet12 import ResNet12, ResNet12Config
+from metalearn.models.rrnet import RRNet, RRNetConfig
 from metalearn.registry import ALGORITHMS, MODELS, TASKS
 
 CONF = pathlib.Path(config.__file__).parents[1] / "conf"
@@ -102,7 +103,9 @@ def test_top_level_yaml_repeats_no_config_default():
 
 
 @pytest.mark.parametrize(
-    "module, config_cls", [(MLP, MLPConfig), (ResNet12, ResNet12Config)], ids=["mlp", "resnet12"]
+    "module, config_cls",
+    [(MLP, MLPConfig), (ResNet12, ResNet12Config), (RRNet, RRNetConfig)],
+    ids=["mlp", "resnet12", "rrnet"],
 )
 def test_module_attribute_defaults_are_the_configs(module, config_cls):
     fields = defaults(config_cls)

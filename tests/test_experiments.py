@@ -34,6 +34,8 @@ def tiny_overrides(experiment: str, data_dir: str) -> list[str]:
         overrides += ["model.filters=8", "trainer.meta_batch_size=1"]
         if "inner_steps" in composed.algorithm:
             overrides.append("algorithm.inner_steps=1")
+    if composed.model.name == "rrnet":  # R2D2's network, narrowed as Conv4 is
+        overrides.append("model.filters=[8,8,8,8]")
     if composed.data.name in IMAGE_SHAPES:
         overrides.append(f"data.data_dir={data_dir}")
     if composed.data.get("train_ways"):  # more ways than tests, within the mock classes
@@ -61,6 +63,7 @@ DEFAULT = {
     "omniglot_5w1s_protonet",
     "miniimagenet_5w1s_baseline_pp",
     "sinusoid_cavia",  # 12 s: no second-order loop through 84x84 convolutions
+    "cifarfs_5w1s_r2d2",  # 15 s: R2D2's own network (model=rrnet) end to end
 }
 PARAMS = [e if e in DEFAULT else pytest.param(e, marks=pytest.mark.slow) for e in EXPERIMENTS]
 

@@ -26,6 +26,9 @@ from tests.algorithms.problems import (
     tree_vdot,
 )
 
+# The reference code's head options (bertinetto/r2d2: scripts/train/conf/fewshots.yaml).
+REFERENCE = dict(learn_lambda=False, lambda_init=50.0, solved_bias=True, support_normalised=True)
+
 
 def numpy_ridge(x, y, lam):
     """``(X^T X + lambda I)^-1 X^T Y`` and ``X^T (X X^T + lambda I)^-1 Y`` in float64."""
@@ -133,9 +136,10 @@ def test_meta_gradient_equals_finite_differences_in_float64(shots):
         np.testing.assert_array_equal(grads["params"]["head"]["kernel"], 0.0)  # head not used
 
 
-def test_padded_episode_equals_the_unpadded_one():
+@pytest.mark.parametrize("options", [{}, REFERENCE], ids=["default", "reference"])
+def test_padded_episode_equals_the_unpadded_one(options):
     model = cluster_model()
-    learner = r2d2(model.objective)
+    learner = r2d2(model.objective, **options)
     meta_params = learner.init(None, init_params(model))
     task = cluster_task(jax.random.key(4), shots=2, queries=3)
     pad = lambda batch, k: WeightedBatch(  # noqa: E731
@@ -151,6 +155,64 @@ def test_padded_episode_equals_the_unpadded_one():
     jax.tree_util.tree_map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6), padded_grads, grads
     )
+
+
+def reference_form_logits(model, meta_params, task, num_classes, lam=50.0):
+    """The reference code's head (bertinetto/r2d2 ``RRNet.loss``) by NumPy in float64: a column
+    of ones appended, X and Y divided by sqrt(n), lambda fixed; ``scale * (X_q W + b) +
+    offset``."""
+    emb = lambda x: np.asarray(  # noqa: E731
+        model.model.embed(meta_params["params"], {}, None, x, True)[0], np.float64
+    )
+    xs, xq = emb(task.support[0]), emb(task.query[0])
+    n = len(xs)
+    y = np.eye(num_classes)[np.asarray(task.support[1])]
+    wb = np.linalg.solve(  # the primal system, as the reference's rr_standard
+        (a := np.hstack([xs, np.ones((n, 1))]) / np.sqrt(n)).T @ a + lam * np.eye(a.shape[1]),
+        a.T @ (y / np.sqrt(n)),
+    )
+    out = xq @ wb[:-1] + wb[-1]
+    head = {k: float(v) for k, v in meta_params["head"].items()}
+    return np.where(y.sum(0) > 0, head["scale"] * out + head["bias"], -np.inf)
+
+
+@pytest.mark.parametrize("shots", [1, 10])  # 5 < 33 columns: dual; 50: primal
+def test_the_reference_codes_head_equals_numpy_and_its_gradient_finite_differences(shots):
+    """``solved_bias``, ``support_normalised`` and a fixed lambda: the query loss equals the
+    reference's computation in NumPy (float64), lambda is no meta-parameter, and the gradient
+    equals central differences through the solved bias."""
+    model = cluster_model()
+    with jax.enable_x64(True):
+        learner = r2d2(model.objective, scale_init=0.7, bias_init=0.1, **REFERENCE)
+        meta_params = to64(learner.init(None, init_params(model)))
+        assert sorted(meta_params["head"]) == ["bias", "scale"]
+        task = jax.tree_util.tree_map(
+            lambda a: a if jnp.issubdtype(a.dtype, jnp.integer) else jnp.asarray(a, jnp.float64),
+            cluster_task(jax.random.key(shots), shots=shots, queries=3),
+        )
+        grads, aux = learner.task_grad(meta_params, task, CTX)
+        logits = reference_form_logits(model, meta_params, task, WAYS * shots)
+        want = model.loss(jnp.asarray(logits), task.query[1])
+        np.testing.assert_allclose(aux.metrics["loss"], want, rtol=1e-10)
+        loss = lambda mp: learner.task_grad(mp, task, CTX)[1].metrics["loss"]  # noqa: E731
+        direction = random_like(meta_params["params"], jax.random.key(7))
+
+        def moved(s):
+            shift = lambda p, v: p + s * v  # noqa: E731
+            return {
+                **meta_params,
+                "params": jax.tree_util.tree_map(shift, meta_params["params"], direction),
+            }
+
+        numeric = (loss(moved(1e-6)) - loss(moved(-1e-6))) / 2e-6
+        np.testing.assert_allclose(tree_vdot(grads["params"], direction), numeric, rtol=1e-6)
+    # adapt writes the solved bias into the model's head
+    learner = r2d2(model.objective, scale_init=3.0, bias_init=-0.5, **REFERENCE)
+    meta_params = learner.init(None, init_params(model))
+    task = cluster_task(jax.random.key(5), shots=3, queries=4)
+    adapted = jax.jit(learner.adapt, static_argnums=3)(meta_params, task.support, CTX, 0)
+    logits = reference_form_logits(model, meta_params, task, WAYS)
+    np.testing.assert_allclose(model.apply(adapted, task.query[0]), logits, rtol=1e-3, atol=1e-4)
 
 
 def test_adapted_head_predicts_like_the_ridge_head():
