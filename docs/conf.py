@@ -143,7 +143,7 @@ API_PAGES = {
         "Models",
         ["metalearn.models"],
         "models",
-        "base mlp conv4 resnet12 patch_conv dropblock weighted_losses",
+        "base mlp conv4 resnet12 rrnet patch_conv dropblock weighted_losses",
     ),
     "rl": (
         "Meta-reinforcement learning",
