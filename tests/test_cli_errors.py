@@ -331,6 +331,24 @@ def test_evaluate_on_a_sweep_directory_names_its_jobs(run_config_dir, tmp_path):
     )
 
 
+def test_evaluate_reads_a_baseline_config_saved_before_its_fine_tuning_keys(tmp_path):
+    """A Baseline run saved before dampening and mini-batches existed fine-tuned with full
+    batches and no dampening: its evaluation keeps that, and says so."""
+    saved = compose_config(["+experiment=omniglot_5w1s_baseline_cpu"])
+    del saved.algorithm.dampening
+    del saved.algorithm.finetune_batch_size
+    OmegaConf.save(saved, tmp_path / "config.yaml")
+    printed = io.StringIO()
+    with contextlib.redirect_stderr(printed):
+        cfg = load_run_config(str(tmp_path), [])
+    assert (cfg.algorithm.dampening, cfg.algorithm.finetune_batch_size) == (0.0, 0)
+    assert "read algorithm.dampening=0.0, algorithm.finetune_batch_size=0" in printed.getvalue()
+    new = compose_config(["+experiment=miniimagenet_5w1s_baseline"])  # the keys saved: as saved
+    OmegaConf.save(new, tmp_path / "config.yaml")
+    cfg = load_run_config(str(tmp_path), [])
+    assert (cfg.algorithm.dampening, cfg.algorithm.finetune_batch_size) == (0.9, 4)
+
+
 def test_evaluate_reads_a_config_saved_before_keys_were_renamed(run_config_dir, tmp_path):
     saved = OmegaConf.load(run_config_dir / "config.yaml")
     saved.algorithm.num_steps = 3  # the spellings before the rename, as old runs saved them

@@ -114,16 +114,24 @@ def reference_scale(scale: float, num_classes: int) -> float:
 
 def linear_init(key: jax.Array, dim: int, num_classes: int, cosine: bool) -> dict:
     """A new head as PyTorch's ``nn.Linear(dim, num_classes)`` starts (uniform in
-    ``+-1/sqrt(dim)``); for the cosine head its weight-normalised form (``v``, ``g = |v_c|``)."""
+    ``+-1/sqrt(dim)``); for the cosine head its weight-normalised form (``v``, ``g = |v_c|``).
+    Each class's column is drawn from its own key, so a head sized for padding starts with the
+    same columns for the real classes.
+
+    >>> small, large = (linear_init(jax.random.key(0), 4, k, False) for k in (2, 5))
+    >>> bool((small["kernel"] == large["kernel"][:, :2]).all())
+    True
+    """
     k_w, k_b = jax.random.split(key)
     bound = 1.0 / jnp.sqrt(dim)
-    kernel = jax.random.uniform(k_w, (dim, num_classes), minval=-bound, maxval=bound)
+    columns = jnp.arange(num_classes)
+    draw = lambda k, shape: jax.vmap(  # noqa: E731
+        lambda c: jax.random.uniform(jax.random.fold_in(k, c), shape, minval=-bound, maxval=bound)
+    )(columns)
+    kernel = draw(k_w, (dim,)).T
     if cosine:
         return {"v": kernel, "g": jnp.linalg.norm(kernel, axis=0)}
-    return {
-        "kernel": kernel,
-        "bias": jax.random.uniform(k_b, (num_classes,), minval=-bound, maxval=bound),
-    }
+    return {"kernel": kernel, "bias": draw(k_b, ())}
 
 
 def pytorch_momentum(momentum: float, dampening: float) -> optax.GradientTransformation:
@@ -154,27 +162,34 @@ def pytorch_momentum(momentum: float, dampening: float) -> optax.GradientTransfo
 
 
 def finetune_batches(
-    key: jax.Array, num_examples: int, batch_size: int, num_steps: int
+    key: jax.Array, real: jax.Array, batch_size: int, num_steps: int
 ) -> tuple[jax.Array, jax.Array]:
     """The support examples of each fine-tuning step, as the reference draws them: epochs of
-    mini-batches of ``batch_size`` in a new random order each (the last batch of an epoch the
-    remainder). Returns indices ``[num_steps, batch_size]`` and the mask of those in use.
+    mini-batches of ``batch_size`` over the real examples (``real``: their mask), in a new random
+    order each epoch, the last batch of an epoch the remainder; padding never drawn. Returns
+    indices ``[num_steps, batch_size]`` and the mask of those in use. An example's place in an
+    epoch's order depends on its index only, so padding appended changes no batch.
 
-    >>> indices, used = finetune_batches(jax.random.key(0), 5, 4, 4)
+    >>> indices, used = finetune_batches(jax.random.key(0), jnp.ones(5, bool), 4, 4)
     >>> used.sum(axis=1).tolist()  # epochs of 5 examples: a batch of 4, then the 1 left
     [4, 1, 4, 1]
     >>> sorted(indices[:2][used[:2]].tolist())  # each epoch takes every example once
     [0, 1, 2, 3, 4]
     """
-    per_epoch = -(-num_examples // batch_size)
-    epochs = -(-num_steps // per_epoch)
-    width = per_epoch * batch_size
-    orders = jax.vmap(lambda k: jax.random.permutation(k, num_examples))(
-        jax.random.split(key, max(epochs, 1))
-    )
-    indices = jnp.pad(orders, ((0, 0), (0, width - num_examples))).reshape(-1, batch_size)
-    used = jnp.tile((jnp.arange(width) < num_examples).reshape(per_epoch, batch_size), (epochs, 1))
-    return indices[:num_steps], used[:num_steps]
+    n = real.shape[0]
+    count = real.sum()
+    per_epoch = jnp.maximum((count + batch_size - 1) // batch_size, 1)
+
+    def batch(step):
+        epoch, position = step // per_epoch, step % per_epoch * batch_size
+        draws = jax.random.fold_in(key, epoch)
+        noise = jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(draws, i)))(jnp.arange(n))
+        order = jnp.argsort(jnp.where(real, noise, 2.0))  # real examples first, shuffled
+        order = jnp.concatenate([order, jnp.zeros(batch_size, order.dtype)])
+        used = position + jnp.arange(batch_size) < count
+        return jax.lax.dynamic_slice(order, (position,), (batch_size,)), used
+
+    return jax.vmap(batch)(jnp.arange(num_steps))
 
 
 def _merged(task: Task):
@@ -205,7 +220,7 @@ def baseline(objective: Objective, config: BaselineConfig | None = None, **overr
     >>> episode = Task(support=(x[:3], jnp.arange(3)), query=(x[:3], jnp.arange(3)))
     >>> evaluate = jax.jit(learner.evaluate, static_argnums=3)
     >>> evaluate(meta_params, episode, context(state, jax.random.key(3)), (0, 100))["accuracy"]
-    Array([0.33333334, 1.        ], dtype=float32)
+    Array([0., 1.], dtype=float32)
     """
     return fine_tuning_baseline(objective, with_config(BaselineConfig, config, overrides), False)
 
@@ -293,17 +308,13 @@ def fine_tuning_baseline(objective: Objective, c: BaselineConfig, cosine: bool) 
         real = real_examples(support)
         real = jnp.ones(num_examples, bool) if real is None else real
         present = jax.nn.one_hot(support[1], num_classes).sum(0) > 0  # padding's labels: -1
-        indices, used = finetune_batches(
-            jax.random.fold_in(key, 1),
-            num_examples,
-            c.finetune_batch_size or num_examples,
-            num_steps,
-        )
+        batch_size = c.finetune_batch_size or num_examples
+        indices, used = finetune_batches(jax.random.fold_in(key, 1), real, batch_size, num_steps)
 
         def batch_loss(h, batch):  # absent classes masked: the loss of a head over the task's ways
-            index, weight = batch[0], batch[1] & real[batch[0]]
+            index, weight = batch
             logits = jnp.where(present, head_logits(h, x[index], num_classes), -jnp.inf)
-            logits = jnp.where(weight[:, None], logits, 0.0)  # padding: finite, weight 0
+            logits = jnp.where(weight[:, None], logits, 0.0)  # unused slots: finite, weight 0
             labels = jnp.where(weight, support[1][index], 0)
             losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
             return jnp.sum(jnp.where(weight, losses, 0.0)) / jnp.maximum(weight.sum(), 1)

@@ -7,6 +7,7 @@ composition by Hydra.
 from metalearn.config.compose import (
     SCHEMA_SUFFIX,
     check_group_choices,
+    fill_added_keys,
     glob_free,
     register_configs,
     rename_old_keys,
@@ -35,6 +36,7 @@ __all__ = [
     "OptimizerConfig",
     "TrainerConfig",
     "check_group_choices",
+    "fill_added_keys",
     "glob_free",
     "register_configs",
     "rename_old_keys",

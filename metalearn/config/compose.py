@@ -253,6 +253,34 @@ def rename_old_keys(saved: DictConfig) -> list[str]:
     return moved
 
 
+# Keys added with a default that behaves otherwise than before they existed: a saved config of
+# one of the named options without the key ran with the value given here.
+ADDED = {
+    "algorithm.dampening": (("baseline", "baseline_pp"), 0.0),
+    "algorithm.finetune_batch_size": (("baseline", "baseline_pp"), 0),
+}
+
+
+def fill_added_keys(saved: DictConfig) -> list[str]:
+    """Give a saved config, in place, the value each key of :data:`ADDED` that it predates had
+    before the key existed; ``"key=value"`` each.
+
+    >>> saved = OmegaConf.create({"algorithm": {"name": "baseline", "finetune_lr": 0.1}})
+    >>> fill_added_keys(saved), saved.algorithm.dampening
+    (['algorithm.dampening=0.0', 'algorithm.finetune_batch_size=0'], 0.0)
+    >>> fill_added_keys(OmegaConf.create({"algorithm": {"name": "maml"}}))
+    []
+    """
+    filled = []
+    for key, (options, value) in ADDED.items():
+        section, _, name = key.rpartition(".")
+        node = saved.get(section)
+        if isinstance(node, DictConfig) and node.get("name") in options and name not in node:
+            node[name] = value
+            filled.append(f"{key}={value}")
+    return filled
+
+
 def selectable(group: str, option: str) -> bool:
     """Whether ``group=option`` is a choice: not a schema entry nor a ``base_*`` experiment.
 

@@ -15,7 +15,13 @@ from hydra.errors import OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from metalearn.config import Config, rename_old_keys, to_objects, training_only_reason
+from metalearn.config import (
+    Config,
+    fill_added_keys,
+    rename_old_keys,
+    to_objects,
+    training_only_reason,
+)
 from metalearn.config.compose import composition_error_message, name_key_group
 from metalearn.errors import one_line
 from metalearn.registry import GROUPS
@@ -68,6 +74,9 @@ def load_run_config(run_dir: str, overrides: list[str]) -> Config:
     moved = rename_old_keys(saved)
     if moved:
         print(f"{path} predates renamed keys: read {', '.join(moved)}", file=sys.stderr)
+    filled = fill_added_keys(saved)
+    if filled:
+        print(f"{path} predates keys it ran without: read {', '.join(filled)}", file=sys.stderr)
     patch = _override_config(overrides, saved)
     try:  # unknown keys are refused by to_objects, naming the closest
         cfg = to_objects(OmegaConf.merge(saved, patch))

@@ -19,7 +19,7 @@ from metalearn.algorithms.baseline import (
 from metalearn.config import to_objects
 from metalearn.data.class_split import ClassSplit
 from metalearn.data.episodes import check_episode_settings, episode_distribution
-from metalearn.data.task import Task, supervised_objective
+from metalearn.data.task import Task, WeightedBatch, supervised_objective
 from metalearn.models.base import ModelParts, model_from_flax
 from metalearn.models.mlp import MLP
 from metalearn.runner.preflight import check_train_labels
@@ -119,7 +119,10 @@ def test_fine_tuning_equals_pytorch_sgd_in_float64(cosine, batch_size, dampening
         batches = None
         if batch_size:
             indices, used = finetune_batches(
-                jax.random.fold_in(head_key, 1), support_size, batch_size, max(steps)
+                jax.random.fold_in(head_key, 1),
+                jnp.ones(support_size, bool),
+                batch_size,
+                max(steps),
             )
             batches = [np.asarray(i)[np.asarray(u)] for i, u in zip(indices, used, strict=True)]
             assert [len(b) for b in batches[:3]] == [4, 4, 2]
@@ -142,15 +145,43 @@ def test_fine_tuning_equals_pytorch_sgd_in_float64(cosine, batch_size, dampening
 
 def test_fine_tuning_batches_cover_each_example_once_per_epoch_in_new_orders():
     """The reference's epochs: every support example once per epoch, in a random order that
-    changes from epoch to epoch, and the last batch of each epoch the remainder."""
-    indices, used = finetune_batches(jax.random.key(5), 25, 4, 700)  # 100 epochs of 7 batches
+    changes from epoch to epoch, and the last batch of each epoch the remainder; padding slots
+    (here every third) are never drawn and leave no step empty."""
+    real = jnp.arange(36) % 3 != 2  # 24 real examples among 36 slots
+    indices, used = finetune_batches(jax.random.key(5), real, 5, 500)  # 100 epochs of 5 batches
     indices, used = np.asarray(indices), np.asarray(used)
-    assert indices.shape == used.shape == (700, 4)
-    assert used.sum(axis=1).tolist() == [4, 4, 4, 4, 4, 4, 1] * 100
-    orders = [indices[e * 7 : e * 7 + 7][used[e * 7 : e * 7 + 7]] for e in range(100)]
-    assert all(sorted(order.tolist()) == list(range(25)) for order in orders)
+    assert indices.shape == used.shape == (500, 5)
+    assert used.sum(axis=1).tolist() == [5, 5, 5, 5, 4] * 100
+    orders = [indices[e * 5 : e * 5 + 5][used[e * 5 : e * 5 + 5]] for e in range(100)]
+    real_indices = np.flatnonzero(np.asarray(real)).tolist()
+    assert all(sorted(order.tolist()) == real_indices for order in orders)
     assert len({tuple(order.tolist()) for order in orders}) == 100
-    assert finetune_batches(jax.random.key(5), 25, 4, 0)[0].shape == (0, 4)
+    assert finetune_batches(jax.random.key(5), real, 4, 0)[0].shape == (0, 4)
+
+
+@pytest.mark.parametrize("cosine", [False, True], ids=["baseline", "baseline_pp"])
+def test_padding_appended_to_the_support_set_changes_no_step(cosine):
+    """A support set padded at its end (a WeightedBatch, as variable-shot episodes are) fits the
+    same head as the unpadded one, mini-batch by mini-batch."""
+    factory = baseline_pp if cosine else baseline
+    model = mlp_model()
+    params, state = model.init(jax.random.key(0))
+    learner = factory(supervised_objective(model, "classification"), finetune_lr=0.1)
+    meta = learner.init(jax.random.key(1), params)
+    task = episode(6)
+    n = task.support[1].shape[0]
+    padded_support = WeightedBatch(
+        jnp.concatenate([task.support[0], 7.0 + jnp.zeros((4, DIM))]),
+        jnp.concatenate([task.support[1], -jnp.ones(4, task.support[1].dtype)]),
+        jnp.concatenate([jnp.ones(n), jnp.zeros(4)]),
+    )
+    ctx = context(state, jax.random.key(8))
+    steps = (0, 3, 20)
+    plain = learner.evaluate(meta, task, ctx, steps)
+    padded = learner.evaluate(meta, Task(padded_support, task.query), ctx, steps)
+    for key in ("loss", "accuracy"):
+        np.testing.assert_allclose(padded[key], plain[key], rtol=1e-5, atol=1e-6)
+    assert float(plain["loss"][-1]) < float(plain["loss"][0])  # the steps did change the head
 
 
 def test_cosine_logits_equal_the_formula_in_numpy():
