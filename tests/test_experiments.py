@@ -46,8 +46,9 @@ def tiny_overrides(experiment: str, data_dir: str) -> list[str]:
         if shots + composed.data.num_queries > PER_CLASS:
             overrides.append(f"data.num_queries={PER_CLASS - shots}")
         train_queries = composed.data.get("train_queries")
-        if train_queries and composed.trainer.shots + train_queries > PER_CLASS:
-            overrides.append(f"data.train_queries={PER_CLASS - composed.trainer.shots}")
+        train_shots = max(composed.trainer.shots, *(composed.data.get("train_shots_range") or [1]))
+        if train_queries and train_shots + train_queries > PER_CLASS:
+            overrides.append(f"data.train_queries={PER_CLASS - train_shots}")
     if composed.algorithm.name == "maml_rl":
         overrides += RL_TINY[2:]  # few rollouts, a small policy
     return overrides

@@ -200,6 +200,7 @@ def check_episode_settings(
     train_ways: int | None = None,
     train_labels: str = "episode",
     train_queries: int | None = None,
+    train_shots_range: tuple[int, int] | None = None,
 ) -> None:
     """Raise ValueError naming the ``data.*`` key for invalid episode settings (those that need
     no data; :class:`~metalearn.data.image_families.ImageEpisodesConfig` checks itself with it).
@@ -240,10 +241,21 @@ def check_episode_settings(
         raise ValueError(
             f"data.train_labels must be one of {list(TRAIN_LABELS)}, got {train_labels!r}"
         )
-    if train_labels == "class" and (ways_range is not None or shots_range is not None):
+    if train_shots_range is not None and not _is_range(train_shots_range, 1):
         raise ValueError(
-            "data.train_labels=class takes fixed episodes: drop data.ways_range and "
-            "data.shots_range"
+            "data.train_shots_range must be [lo, hi] with 1 <= lo <= hi, got "
+            f"{list(train_shots_range)}"
+        )
+    if train_shots_range is not None and (shots_range is not None or ways_range is not None):
+        raise ValueError(
+            "data.train_shots_range draws the shots of training episodes alone; with "
+            "data.shots_range or data.ways_range every split's episodes vary: drop one of them"
+        )
+    variable = (ways_range, shots_range, train_shots_range)
+    if train_labels == "class" and any(v is not None for v in variable):
+        raise ValueError(
+            "data.train_labels=class takes fixed episodes: drop data.ways_range, "
+            "data.shots_range and data.train_shots_range"
         )
 
 
@@ -260,18 +272,22 @@ def _is_range(value, low: int) -> bool:
 class WaysSplit:
     """A split whose episodes have their own number of ways (static), and with
     ``class_labels`` the classes' indices as labels: the training split with
-    ``data.train_ways``, ``data.train_labels=class`` or ``data.train_queries`` (its
-    ``queries`` per class; None: the family's). A pytree whose leaves are those of
+    ``data.train_ways``, ``data.train_labels=class``, ``data.train_queries`` (its
+    ``queries`` per class; None: the family's) or ``data.train_shots_range`` (its
+    ``shots_range``). A pytree whose leaves are those of
     ``classes``."""
 
     classes: ClassSplit
     ways: int
     class_labels: bool = False
     queries: int | None = None
+    shots_range: tuple[int, int] | None = None  # data.train_shots_range
 
 
 jax.tree_util.register_dataclass(
-    WaysSplit, data_fields=["classes"], meta_fields=["ways", "class_labels", "queries"]
+    WaysSplit,
+    data_fields=["classes"],
+    meta_fields=["ways", "class_labels", "queries", "shots_range"],
 )
 
 
@@ -299,6 +315,7 @@ def episode_distribution(
     train_ways: int | None = None,
     train_labels: str = "episode",
     train_queries: int | None = None,
+    train_shots_range: tuple[int, int] | None = None,
 ) -> TaskFamily:
     """A classification :class:`TaskFamily` over per-split :class:`ClassSplit` layouts
     (or dense uint8 ``[classes, examples, H, W, C]`` arrays, all classes of equal size).
@@ -321,7 +338,10 @@ def episode_distribution(
     algorithm that pretrains a classifier over all of them (``algorithm=baseline``); the model
     then gets one output per training class. Fixed episodes only. ``train_queries`` (the
     ``data.train_queries`` key; default: ``num_queries``) sets the queries per class of training
-    episodes alone (MetaOptNet trains with 6 and tests with 15).
+    episodes alone (MetaOptNet trains with 6 and tests with 15). ``train_shots_range=(lo, hi)``
+    (the ``data.train_shots_range`` key) draws each training episode's shots, padded to ``hi``
+    (R2D2 trains with 1 to 9 shots), whatever ``shots`` the runner passes; validation and test
+    episodes keep the ``shots`` passed (``trainer.shots``, ``eval.shots``).
 
     >>> arrays = {s: np.zeros((8, 20, 28, 28, 1), np.uint8) for s in ("train", "val", "test")}
     >>> tasks = episode_distribution(arrays, ways=5, num_queries=15, dataset="demo")
@@ -342,7 +362,14 @@ def episode_distribution(
     (8, 5, 8)
     """
     check_episode_settings(
-        ways, num_queries, ways_range, shots_range, train_ways, train_labels, train_queries
+        ways,
+        num_queries,
+        ways_range,
+        shots_range,
+        train_ways,
+        train_labels,
+        train_queries,
+        train_shots_range,
     )
     missing = {"train", "val", "test"} - set(split_images)
     if missing:
@@ -377,6 +404,8 @@ def episode_distribution(
         if isinstance(split, WaysSplit):
             n, class_labels = split.ways, split.class_labels
             queries = num_queries if split.queries is None else split.queries
+            if split.shots_range is not None:
+                shots = split.shots_range
             split = split.classes
         if shots_range is not None:
             if shots not in (shots_range[1], tuple(shots_range)):
@@ -406,8 +435,11 @@ def episode_distribution(
 
     placed: dict[str, ClassSplit | WaysSplit] = dict(splits)
     class_labels = train_labels == "class"
-    if train_ways != ways or class_labels or train_queries is not None:
-        placed["train"] = WaysSplit(splits["train"], train_ways, class_labels, train_queries)
+    train_shots = None if train_shots_range is None else tuple(train_shots_range)
+    if train_ways != ways or class_labels or train_queries is not None or train_shots:
+        placed["train"] = WaysSplit(
+            splits["train"], train_ways, class_labels, train_queries, train_shots
+        )
     train_outputs = splits["train"].num_classes if class_labels else train_ways
     return TaskFamily(
         splits={name: jax.device_put(split) for name, split in placed.items()},

@@ -32,6 +32,9 @@ class ImageEpisodesConfig:
     # training split, for algorithms that pretrain a classifier: baseline, baseline_pp).
     train_labels: str = "episode"
     train_queries: int | None = None  # queries per class of training episodes; None: num_queries
+    # [lo, hi]: each training episode draws its shots, padded to hi (validation and test keep
+    # trainer.shots and eval.shots)
+    train_shots_range: list[int] | None = None
     data_dir: str | None = None  # TFDS data dir; None: $TFDS_DATA_DIR or ~/tensorflow_datasets
     manual_dir: str | None = None  # the downloaded sources (see the dataset's module)
 
@@ -44,6 +47,7 @@ class ImageEpisodesConfig:
             self.train_ways,
             self.train_labels,
             self.train_queries,
+            self.train_shots_range,
         )
 
 
@@ -75,4 +79,5 @@ def image_episodes(
         train_ways=c.train_ways,
         train_labels=c.train_labels,
         train_queries=c.train_queries,
+        train_shots_range=c.train_shots_range,
     )

@@ -232,6 +232,35 @@ def test_train_queries_apply_to_training_episodes_only():
         check_episode_settings(5, 9, train_queries=0)
 
 
+def test_train_shots_range_applies_to_training_episodes_only():
+    # R2D2 trains on episodes of 1 to 9 shots and tests with 1 or 5.
+    arrays = {split: tagged_images(12, 20) for split in ("train", "val", "test")}
+    tasks = episode_distribution(
+        arrays, ways=5, num_queries=4, dataset="tagged", train_shots_range=(1, 3)
+    )
+    sample = jax.jit(tasks.sample, static_argnums=2)
+    counts = set()
+    for seed in range(30):
+        train = sample(tasks.splits["train"], jax.random.key(seed), 1)  # trainer.shots: 1
+        weights = np.asarray(train.support.weights).reshape(5, 3)  # class by class, padded to 3
+        shots = weights.sum(axis=1)
+        assert len(set(shots.tolist())) == 1  # every class of an episode has its shots
+        counts.add(int(shots[0]))
+        real = np.asarray(train.support.inputs)[np.asarray(train.support.weights) > 0]
+        assert len({tuple(p) for p in ids(real)}) == len(real)  # no image drawn twice
+        assert train.query.labels.shape == (20,)
+    assert counts == {1, 2, 3}
+    for split in ("val", "test"):
+        task = tasks.sample(tasks.splits[split], jax.random.key(1), 2)
+        assert task.support[0].shape[0] == 10 and task.query[0].shape[0] == 20
+    with pytest.raises(ValueError, match=r"data.train_shots_range must be \[lo, hi\]"):
+        check_episode_settings(5, 4, train_shots_range=(0, 3))
+    with pytest.raises(ValueError, match="drop one of them"):
+        check_episode_settings(5, 4, shots_range=(1, 2), train_shots_range=(1, 3))
+    with pytest.raises(ValueError, match="takes fixed episodes"):
+        check_episode_settings(5, 4, train_labels="class", train_shots_range=(1, 3))
+
+
 def test_train_ways_apply_to_training_episodes_only():
     # Prototypical Networks train on more ways than they are tested on (60 vs 5 on Omniglot).
     arrays = {split: tagged_images(40) for split in ("train", "val", "test")}
