@@ -136,8 +136,8 @@ API_PAGES = {
         "Task families",
         ["metalearn.data"],
         "data",
-        "task sinusoid episodes image_families class_split omniglot miniimagenet cifar sources "
-        "family_checks objective_checks",
+        "task sinusoid episodes episode_settings image_families class_split omniglot miniimagenet "
+        "cifar sources family_checks objective_checks",
     ),
     "models": (
         "Models",

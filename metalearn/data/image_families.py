@@ -14,7 +14,8 @@ import dataclasses
 from collections.abc import Callable
 
 from metalearn.data.class_split import ClassSplit
-from metalearn.data.episodes import check_episode_settings, episode_distribution
+from metalearn.data.episode_settings import check_episode_settings
+from metalearn.data.episodes import episode_distribution
 from metalearn.data.task import TaskFamily
 
 

@@ -18,7 +18,8 @@ from metalearn.algorithms.baseline import (
 )
 from metalearn.config import to_objects
 from metalearn.data.class_split import ClassSplit
-from metalearn.data.episodes import check_episode_settings, episode_distribution
+from metalearn.data.episode_settings import check_episode_settings
+from metalearn.data.episodes import episode_distribution
 from metalearn.data.task import Task, WeightedBatch, supervised_objective
 from metalearn.models.base import ModelParts, model_from_flax
 from metalearn.models.mlp import MLP

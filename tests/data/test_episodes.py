@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from metalearn.data.class_split import ClassSplit
-from metalearn.data.episodes import check_episode_settings, episode_distribution, sample_episode
+from metalearn.data.episode_settings import check_episode_settings
+from metalearn.data.episodes import episode_distribution, sample_episode
 
 NUM_CLASSES, PER_CLASS = 30, 12
 
