@@ -28,10 +28,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from metalearn.models.base import ModelParts
 from metalearn.models.conv4 import check_conv, resolve_conv
 from metalearn.models.patch_conv import PatchConv
-from metalearn.models.resnet12 import RunningBatchNorm, leaky_relu
+from metalearn.models.resnet12 import RESNET12_PARTS, RunningBatchNorm, leaky_relu
 from metalearn.registry import MODELS
 
 BLOCKS = (1, 2, 3, 4)
@@ -102,12 +101,8 @@ class RRNet(nn.Module):
         return self.head(self.embed(x, train, mask))
 
 
-RRNET_PARTS = ModelParts(
-    head="head", embed="embed", convolutional=True, norm_layers=(RunningBatchNorm,)
-)
-
-
-@MODELS.register("rrnet", RRNetConfig, parts=RRNET_PARTS)
+# Its parts are ResNet-12's: a ``head`` entry, ``embed``, RunningBatchNorm layers.
+@MODELS.register("rrnet", RRNetConfig, parts=RESNET12_PARTS)
 def rrnet(num_outputs: int, config: RRNetConfig | None = None) -> RRNet:
     """R2D2's network with ``num_outputs`` logits, its settings checked.
 
