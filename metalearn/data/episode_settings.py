@@ -4,6 +4,8 @@ when it is made, and :func:`metalearn.data.episodes.episode_distribution` when i
 
 from __future__ import annotations
 
+# The labels of training episodes: "episode", 0..ways-1 in a random order (meta-learning);
+# "class", each class's index in the training split (pretraining a classifier over all of them).
 TRAIN_LABELS = ("episode", "class")
 
 

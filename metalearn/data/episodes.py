@@ -62,8 +62,6 @@ from metalearn.data.episode_settings import check_episode_settings, is_range
 from metalearn.data.task import Task, TaskFamily, WeightedBatch
 
 Shots = int | tuple[int, int]
-# The labels of training episodes: "episode", 0..ways-1 in a random order (meta-learning);
-# "class", each class's index in the training split (pretraining a classifier over all of them).
 
 
 def random_subset(key: jax.Array, batch: tuple[int, ...], n: int, k: int) -> jax.Array:

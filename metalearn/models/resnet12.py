@@ -87,6 +87,29 @@ def ramped_rate(drop_rate: float, calls: jax.Array, ramp: int) -> jax.Array:
     return drop_rate * jnp.minimum(1.0, calls / ramp)
 
 
+def check_blocks(filters: Sequence[int], drop_rate: float) -> None:
+    """ValueError unless ``filters`` are one positive width per block of :data:`BLOCKS` and
+    ``drop_rate`` is in ``[0, 1)`` (``model.filters``, ``model.drop_rate``).
+
+    >>> check_blocks((8, 8, 8), 0.1)
+    Traceback (most recent call last):
+    ...
+    ValueError: model.filters must be 4 positive widths, got (8, 8, 8)
+    """
+    filters = tuple(int(f) for f in filters)
+    if len(filters) != len(BLOCKS) or min(filters) < 1:
+        raise ValueError(f"model.filters must be {len(BLOCKS)} positive widths, got {filters}")
+    if not 0.0 <= drop_rate < 1.0:
+        raise ValueError(f"model.drop_rate must be in [0, 1), got {drop_rate}")
+
+
+def dropout(x: jax.Array, key: jax.Array, rate: float) -> jax.Array:
+    """Inverted dropout: each entry kept with probability ``1 - rate`` and scaled by its
+    inverse."""
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0.0)
+
+
 class RunningBatchNorm(nn.Module):
     """Batch norm over every axis but the last, with running statistics in ``batch_stats``.
 
@@ -142,13 +165,9 @@ class ResNet12Config:
     eval_running_stats: bool = True  # evaluation mode: running statistics (False: the batch's)
 
     def __post_init__(self) -> None:  # a bad value is refused when the config is made
-        filters = tuple(int(f) for f in self.filters)
-        if len(filters) != len(BLOCKS) or min(filters) < 1:
-            raise ValueError(f"model.filters must be {len(BLOCKS)} positive widths, got {filters}")
+        check_blocks(self.filters, self.drop_rate)
         if self.readout not in READOUTS:
             raise ValueError(f"model.readout must be one of {READOUTS}, got {self.readout!r}")
-        if not 0.0 <= self.drop_rate < 1.0:
-            raise ValueError(f"model.drop_rate must be in [0, 1), got {self.drop_rate}")
         if int(self.dropblock_size) < 1:
             raise ValueError(f"model.dropblock_size must be >= 1, got {self.dropblock_size}")
         if int(self.dropblock_ramp) < 0:
@@ -223,8 +242,7 @@ class ResNet12(nn.Module):
             if k in DROPBLOCK_BLOCKS:
                 x = drop_block(x, key, rate, self.dropblock_size)
             else:
-                keep = jax.random.bernoulli(key, 1.0 - self.drop_rate, x.shape)
-                x = jnp.where(keep, x / (1.0 - self.drop_rate), 0.0)
+                x = dropout(x, key, self.drop_rate)
         if self.readout == "mean":
             return jnp.mean(x, axis=(1, 2))
         return x.reshape(x.shape[0], -1)

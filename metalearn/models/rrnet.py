@@ -30,10 +30,16 @@ import jax.numpy as jnp
 
 from metalearn.models.conv4 import check_conv, resolve_conv
 from metalearn.models.patch_conv import PatchConv
-from metalearn.models.resnet12 import RESNET12_PARTS, RunningBatchNorm, leaky_relu
+from metalearn.models.resnet12 import (
+    BLOCKS,
+    RESNET12_PARTS,
+    RunningBatchNorm,
+    check_blocks,
+    dropout,
+    leaky_relu,
+)
 from metalearn.registry import MODELS
 
-BLOCKS = (1, 2, 3, 4)
 DROPOUT_BLOCKS = (3, 4)
 
 
@@ -48,11 +54,7 @@ class RRNetConfig:
     eval_running_stats: bool = True  # evaluation mode: running statistics (False: the batch's)
 
     def __post_init__(self) -> None:  # a bad value is refused when the config is made
-        filters = tuple(int(f) for f in self.filters)
-        if len(filters) != len(BLOCKS) or min(filters) < 1:
-            raise ValueError(f"model.filters must be {len(BLOCKS)} positive widths, got {filters}")
-        if not 0.0 <= self.drop_rate < 1.0:
-            raise ValueError(f"model.drop_rate must be in [0, 1), got {self.drop_rate}")
+        check_blocks(self.filters, self.drop_rate)
         check_conv(self.conv)
 
 
@@ -78,8 +80,7 @@ class RRNet(nn.Module):
     def _dropout(self, x: jax.Array, train: bool) -> jax.Array:
         if not train or self.drop_rate <= 0:
             return x
-        keep = jax.random.bernoulli(self.make_rng("dropout"), 1.0 - self.drop_rate, x.shape)
-        return jnp.where(keep, x / (1.0 - self.drop_rate), 0.0)
+        return dropout(x, self.make_rng("dropout"), self.drop_rate)
 
     def embed(self, x: jax.Array, train: bool = False, mask: jax.Array | None = None) -> jax.Array:
         """Features before the head, ``[batch, features]``, for NHWC inputs ``x``; batch norm
