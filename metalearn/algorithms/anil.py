@@ -19,8 +19,8 @@ from metalearn.algorithms.base import (
     hyperparameter_values,
     hyperparameters,
     inner_loss,
+    query_gradient,
     split_top_level,
-    value_and_grad_of_query,
     with_config,
 )
 from metalearn.core import adapt, adapt_trajectory
@@ -113,9 +113,7 @@ def partial_inner_loop(objective: Objective, c, adapted_entries) -> MetaLearner:
         )
         return {**params, **new}
 
-    def task_grad(params, task: Task, ctx):
-        adapted = lambda p: adapt_params(p, task.support, ctx)  # noqa: E731
-        return value_and_grad_of_query(objective, adapted, task, ctx)(params)
+    task_grad, task_loss = query_gradient(objective, adapt_params)
 
     def evaluate(params, task: Task, ctx, steps):
         adapted, fixed = split(params)
@@ -129,4 +127,4 @@ def partial_inner_loop(objective: Objective, c, adapted_entries) -> MetaLearner:
             objective, trajectory, task, ctx, steps, to_model_params=lambda a: {**params, **a}
         )
 
-    return MetaLearner(init, task_grad, evaluate, adapt_params, hyper=own)
+    return MetaLearner(init, task_grad, evaluate, adapt_params, hyper=own, task_loss=task_loss)

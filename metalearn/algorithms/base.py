@@ -125,6 +125,10 @@ class MetaLearner(NamedTuple):
       (as in ``TaskContext.hyper``).
     - ``hyper``: the hyperparameters the functions were built with, by name (the values of the
       config's :func:`hyperparameter` fields): the runner passes them back as data.
+    - ``task_loss`` (optional): ``task_loss(meta_params, task, ctx) -> (loss, Aux)``, the scalar
+      whose gradient ``task_grad`` returns. With it, a meta-batch batched by ``vmap`` takes the
+      gradient of the mean loss in one backward pass, where XLA merges the tasks' products with
+      the shared meta-parameters into single larger ones, instead of averaging per-task gradients.
     """
 
     init: Callable[[jax.Array, PyTree], PyTree]
@@ -133,6 +137,7 @@ class MetaLearner(NamedTuple):
     adapt: Callable[..., PyTree]
     batch_update: Callable[..., tuple[PyTree, PyTree, Metrics]] | None = None
     hyper: Mapping[str, float] = types.MappingProxyType({})
+    task_loss: Callable[[PyTree, Task, TaskContext], tuple[jax.Array, Aux]] | None = None
 
 
 BATCH_UPDATE_ARGS = (
@@ -204,17 +209,18 @@ def query_metrics(objective: Objective, params: PyTree, ctx: TaskContext, data: 
     return query_loss(objective, params, ctx, data, train=False)[1].metrics
 
 
-def value_and_grad_of_query(objective: Objective, adapt_fn, task: Task, ctx: TaskContext):
-    """``(grads, Aux)``: the gradient of the query loss after ``adapt_fn(meta_params)``."""
+def query_gradient(objective: Objective, adapt_fn) -> tuple[Callable, Callable]:
+    """``(task_grad, task_loss)`` of a learner whose meta-gradient is that of the query loss
+    after ``adapt_fn(meta_params, support, ctx)``."""
 
-    def loss(meta_params):
-        return query_loss(objective, adapt_fn(meta_params), ctx, task.query)
+    def task_loss(meta_params, task: Task, ctx: TaskContext) -> tuple[jax.Array, Aux]:
+        return query_loss(objective, adapt_fn(meta_params, task.support, ctx), ctx, task.query)
 
-    def grad(meta_params):
-        (_, aux), grads = jax.value_and_grad(loss, has_aux=True)(meta_params)
+    def task_grad(meta_params, task: Task, ctx: TaskContext) -> tuple[PyTree, Aux]:
+        (_, aux), grads = jax.value_and_grad(task_loss, has_aux=True)(meta_params, task, ctx)
         return grads, aux
 
-    return grad
+    return task_grad, task_loss
 
 
 # --- config checks: each raises ValueError naming the key, as ``algorithm.<key>`` -------------

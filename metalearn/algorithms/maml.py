@@ -16,8 +16,8 @@ from metalearn.algorithms.base import (
     hyperparameters,
     inner_loss,
     inner_rates,
+    query_gradient,
     sgd_trajectory_fn,
-    value_and_grad_of_query,
     with_config,
 )
 from metalearn.core import adapt
@@ -108,15 +108,13 @@ def maml(objective: Objective, config: MAMLConfig | None = None, **overrides) ->
             unroll=c.unroll,
         )
 
-    def task_grad(params, task: Task, ctx):
-        adapted = lambda p: adapt_params(p, task.support, ctx)  # noqa: E731
-        return value_and_grad_of_query(objective, adapted, task, ctx)(params)
+    task_grad, task_loss = query_gradient(objective, adapt_params)
 
     def evaluate(params, task: Task, ctx, steps):
         trajectory = sgd_trajectory_fn(objective, params, rates(params, ctx), ctx)
         return evaluate_trajectory(objective, trajectory, task, ctx, steps)
 
-    return MetaLearner(init, task_grad, evaluate, adapt_params, hyper=own)
+    return MetaLearner(init, task_grad, evaluate, adapt_params, hyper=own, task_loss=task_loss)
 
 
 @ALGORITHMS.register("fomaml", FOMAMLConfig)

@@ -23,8 +23,8 @@ from metalearn.algorithms.base import (
     hyperparameters,
     inner_loss,
     inner_rates,
+    query_gradient,
     sgd_trajectory_fn,
-    value_and_grad_of_query,
     with_config,
 )
 from metalearn.core import adapt
@@ -97,12 +97,12 @@ def meta_sgd(objective: Objective, config: MetaSGDConfig | None = None, **overri
             first_order=c.first_order,
         )
 
-    def task_grad(meta_params, task: Task, ctx):
-        adapted = lambda mp: adapt_params(mp, task.support, ctx)  # noqa: E731
-        return value_and_grad_of_query(objective, adapted, task, ctx)(meta_params)
+    task_grad, task_loss = query_gradient(objective, adapt_params)
 
     def evaluate(meta_params, task: Task, ctx, steps):
         trajectory = sgd_trajectory_fn(objective, meta_params["params"], rates(meta_params), ctx)
         return evaluate_trajectory(objective, trajectory, task, ctx, steps)
 
-    return MetaLearner(init, task_grad, evaluate, adapt_params, hyper=hyperparameters(c))
+    return MetaLearner(
+        init, task_grad, evaluate, adapt_params, hyper=hyperparameters(c), task_loss=task_loss
+    )

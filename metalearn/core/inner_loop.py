@@ -4,16 +4,19 @@ The only model boundary is ``loss_fn(params, batch) -> scalar``: ``params`` is a
 (nested dicts, Flax params) and ``batch`` any pytree, e.g. ``(x, y)``. Nothing here knows
 about Flax modules, data or configs.
 
-The inner loop is a ``jax.lax.scan`` over ``num_steps`` inner updates. By default it is fully
-unrolled up to :data:`FULL_UNROLL_MAX_STEPS` steps (XLA schedules the few steps of MAML as
-straight-line code) and rolled beyond: an unrolled loop's compile time grows faster than its
-length (on 2 CPU cores, a sinusoid MLP's meta-gradient compiled in 15 s at 50 steps and 220 s
-at 200, against 0.6 s rolled, and ran slower too; experiments/benchmarks/README.md). Pass
-``unroll`` to choose (``True``, or ``k`` steps per iteration). ``remat=True`` recomputes each step's
-activations in the backward pass instead of storing them (``jax.checkpoint``), trading compute
-for memory; it implies a rolled loop (``unroll=1``) unless ``unroll`` is given, because XLA
-keeps the buffers of an unrolled loop alive anyway (measured in experiments/benchmarks/: with a
-rolled loop, peak memory stays flat in ``num_steps``; unrolled, remat saves nothing).
+The inner loop is straight-line code or a ``jax.lax.scan`` over ``num_steps`` inner updates.
+By default it is straight-line up to :data:`FULL_UNROLL_MAX_STEPS` steps (``unroll=True``, a
+Python loop: the gradient of a meta-batch's mean loss then reaches the shared meta-parameters
+outside any loop body, and XLA merges the tasks' products with them into larger ones, where a
+fully unrolled scan kept one per task; experiments/benchmarks/README.md, section S) and a
+rolled scan beyond: an unrolled loop's compile time grows faster than its length (on 2 CPU
+cores, a sinusoid MLP's meta-gradient compiled in 15 s at 50 steps and 220 s at 200, against
+0.6 s rolled, and ran slower too; experiments/benchmarks/README.md). Pass ``unroll`` to choose
+(``True``, or ``k`` steps per iteration). ``remat=True`` recomputes each step's activations in
+the backward pass instead of storing them (``jax.checkpoint``), trading compute for memory; it
+implies a rolled loop (``unroll=1``) unless ``unroll`` is given, because XLA keeps the buffers
+of an unrolled loop alive anyway (measured in experiments/benchmarks/: with a rolled loop, peak
+memory stays flat in ``num_steps``; unrolled, remat saves nothing).
 """
 
 from __future__ import annotations
@@ -190,6 +193,13 @@ def _run_inner_loop(
         return new_carry, (new_carry[0] if keep_trajectory else None)
 
     opt_state = optimizer.init(params) if optimizer is not None else None
+    if unroll is True:  # straight-line code (the module docstring says why not a scan)
+        carry, trajectory = (params, opt_state), []
+        for _ in range(num_steps):
+            carry = step(carry)
+            trajectory.append(carry[0])
+        stacked = jax.tree_util.tree_map(lambda *steps: jnp.stack(steps), *trajectory)
+        return carry[0], (stacked if keep_trajectory else None)
     (adapted, _), trajectory = jax.lax.scan(
         body, (params, opt_state), None, length=num_steps, unroll=unroll
     )
@@ -217,8 +227,9 @@ def adapt(
     concrete array must be finite (ValueError); a negative one is taken as it is, an ascent step.
 
     ``first_order=True`` stops gradients through the inner gradients (first-order MAML).
-    ``unroll`` is ``lax.scan``'s (default: ``True`` up to :data:`FULL_UNROLL_MAX_STEPS` steps,
-    ``1`` beyond them or with ``remat=True``); ``remat``
+    ``unroll``: ``True`` straight-line steps, ``k`` a ``lax.scan`` of ``k`` steps per iteration
+    (default: ``True`` up to :data:`FULL_UNROLL_MAX_STEPS` steps, ``1`` beyond them or with
+    ``remat=True``); ``remat``
     recomputes each step's activations in the backward pass (see the module docstring).
 
     >>> import jax.numpy as jnp

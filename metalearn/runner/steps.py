@@ -12,7 +12,7 @@ import optax
 
 from metalearn.algorithms.base import MetaLearner, TaskContext, context
 from metalearn.core.batching import map_over_tasks, mean_over_tasks
-from metalearn.data.task import TaskFamily
+from metalearn.data.task import Aux, TaskFamily
 from metalearn.models.base import Model
 from metalearn.runner.devices import (
     TASK_AXIS,
@@ -128,16 +128,35 @@ def make_meta_train_step(
     def task_mean(state: TrainState, tasks_and_keys: PyTree):
         total = jnp.asarray(meta_steps, jnp.int32)
 
+        def task_context(task_key):
+            return TaskContext(state.step, total, state.model_state, task_key, hyper)
+
         def one_task(task_and_key):
             task, task_key = task_and_key
-            ctx = TaskContext(state.step, total, state.model_state, task_key, hyper)
-            returned = learner.task_grad(state.meta_params, task, ctx)
+            returned = learner.task_grad(state.meta_params, task, task_context(task_key))
             check_task_grad_output(returned)
             grads, aux = returned
             check_gradient_structure(grads, state.meta_params)
             return grads, aux.model_state, aux.metrics
 
-        mean = mean_over_tasks(one_task, tasks_and_keys, strategy)
+        def mean_loss(meta_params):
+            def one_loss(task_and_key):
+                task, task_key = task_and_key
+                returned = learner.task_loss(meta_params, task, task_context(task_key))
+                check_task_loss_output(returned)
+                return returned
+
+            losses, aux = jax.vmap(one_loss)(tasks_and_keys)
+            return jnp.mean(losses), aux
+
+        if learner.task_loss is not None and strategy == "vmap":
+            # One backward pass for the meta-batch: XLA merges the tasks' products with the
+            # shared meta-parameters, where a mean of per-task gradients keeps one per task.
+            grads, aux = jax.grad(mean_loss, has_aux=True)(state.meta_params)
+            model_state, metrics = jax.tree_util.tree_map(lambda x: jnp.mean(x, axis=0), aux)
+            mean = (grads, model_state, metrics)
+        else:
+            mean = mean_over_tasks(one_task, tasks_and_keys, strategy)
         return mean if mesh is None else jax.lax.pmean(mean, TASK_AXIS)
 
     def meta_train_step(state: TrainState, tasks: PyTree):
@@ -187,6 +206,24 @@ def check_task_grad_output(returned: Any) -> None:
         f"the algorithm's task_grad returned {shown}, not (grads, Aux(model_state, metrics)) "
         "(metalearn.data.task.Aux: the model state after the task and a dict of metrics); "
         "see docs/extending.md"
+    )
+
+
+def check_task_loss_output(returned: Any) -> None:
+    """ValueError unless a learner's ``task_loss`` returned ``(scalar loss, Aux)``.
+
+    >>> check_task_loss_output((jnp.zeros(3), None))
+    Traceback (most recent call last):
+    ...
+    ValueError: the algorithm's task_loss must return (scalar loss, Aux(model_state, metrics)): ...
+    """
+    pair = isinstance(returned, tuple) and len(returned) == 2
+    if pair and jnp.ndim(returned[0]) == 0 and isinstance(returned[1], Aux):
+        return
+    raise ValueError(
+        "the algorithm's task_loss must return (scalar loss, Aux(model_state, metrics)): the "
+        "loss whose gradient its task_grad returns (metalearn.algorithms.base.query_gradient "
+        "builds both); see docs/extending.md"
     )
 
 

@@ -63,6 +63,63 @@ def test_every_task_batching_gives_the_same_meta_step(conv):
     assert float(max(jax.tree_util.tree_leaves(moved.meta_params))) > 0  # a real step
 
 
+@pytest.mark.parametrize("algorithm", ["maml", "meta_sgd", "anil"])
+def test_the_gradient_of_the_mean_loss_is_the_mean_of_the_task_gradients(algorithm):
+    """Under vmap a learner with ``task_loss`` is differentiated once for the meta-batch; its
+    update, model state and metrics equal those of averaging ``task_grad`` over the tasks."""
+    from metalearn import algorithms
+    from metalearn.data.sinusoid import sinusoid
+    from metalearn.models.base import ModelParts
+    from metalearn.models.mlp import MLP
+    from metalearn.runner.steps import init_train_state, sample_tasks
+
+    family = sinusoid()
+    model = model_from_flax(MLP((16, 16), 1), (1,), ModelParts(head="head"))
+    overrides = {"inner_steps": 2} | ({} if algorithm == "meta_sgd" else {"inner_lr": 0.1})
+    learner = getattr(algorithms, algorithm)(family_objective(family, model), **overrides)
+    assert learner.task_loss is not None
+    optimizer = optax.sgd(1.0)  # the update is the meta-gradient itself
+    state = init_train_state(learner, model, optimizer, jax.random.key(0))
+    tasks = sample_tasks(family, {}, jax.random.key(1), 8, 5)
+    results = []
+    for one in (learner, learner._replace(task_loss=None)):
+        step = make_meta_train_step(
+            one, optimizer, meta_steps=10, strategy="vmap", key=jax.random.key(2)
+        )
+        results.append(jax.jit(step)(state, tasks))
+    (once, once_metrics), (averaged, averaged_metrics) = results
+    moves = [
+        jax.tree_util.tree_map(jnp.subtract, new.meta_params, state.meta_params)
+        for new in (once, averaged)
+    ]
+    largest = max(float(jnp.abs(x).max()) for x in jax.tree_util.tree_leaves(moves[1]))
+    assert largest > 1e-3  # a real step
+    # float32: the two sum the tasks' terms in different orders
+    for got, want in zip(*map(jax.tree_util.tree_leaves, moves), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * largest)
+    for key in averaged_metrics:
+        np.testing.assert_allclose(once_metrics[key], averaged_metrics[key], rtol=1e-6)
+    assert int(once.step) == int(averaged.step) == 1
+
+
+def test_a_task_loss_that_is_not_a_scalar_and_aux_is_refused():
+    from metalearn.data.sinusoid import sinusoid
+    from metalearn.models.mlp import MLP
+    from metalearn.runner.steps import init_train_state, sample_tasks
+
+    family = sinusoid()
+    model = model_from_flax(MLP((8,), 1), (1,))
+    learner = maml(family_objective(family, model))
+    per_point = learner._replace(task_loss=lambda p, task, ctx: (task.query[1] * 0, None))
+    optimizer = optax.sgd(1.0)
+    state = init_train_state(per_point, model, optimizer, jax.random.key(0))
+    step = make_meta_train_step(
+        per_point, optimizer, meta_steps=10, strategy="vmap", key=jax.random.key(2)
+    )
+    with pytest.raises(ValueError, match=r"task_loss must return \(scalar loss, Aux"):
+        step(state, sample_tasks(family, {}, jax.random.key(1), 2, 5))
+
+
 def test_mean_over_tasks_handles_pytrees_and_integer_metrics():
     tasks = {"x": jnp.arange(12.0).reshape(4, 3), "n": jnp.arange(4)}
 
