@@ -209,6 +209,17 @@ def query_metrics(objective: Objective, params: PyTree, ctx: TaskContext, data: 
     return query_loss(objective, params, ctx, data, train=False)[1].metrics
 
 
+def gradient_of(task_loss: Callable) -> Callable:
+    """``task_grad`` from ``task_loss(meta_params, task, ctx) -> (loss, Aux)``: the loss's
+    gradient with respect to the meta-parameters, and its Aux."""
+
+    def task_grad(meta_params, task: Task, ctx: TaskContext) -> tuple[PyTree, Aux]:
+        (_, aux), grads = jax.value_and_grad(task_loss, has_aux=True)(meta_params, task, ctx)
+        return grads, aux
+
+    return task_grad
+
+
 def query_gradient(objective: Objective, adapt_fn) -> tuple[Callable, Callable]:
     """``(task_grad, task_loss)`` of a learner whose meta-gradient is that of the query loss
     after ``adapt_fn(meta_params, support, ctx)``."""
@@ -216,11 +227,7 @@ def query_gradient(objective: Objective, adapt_fn) -> tuple[Callable, Callable]:
     def task_loss(meta_params, task: Task, ctx: TaskContext) -> tuple[jax.Array, Aux]:
         return query_loss(objective, adapt_fn(meta_params, task.support, ctx), ctx, task.query)
 
-    def task_grad(meta_params, task: Task, ctx: TaskContext) -> tuple[PyTree, Aux]:
-        (_, aux), grads = jax.value_and_grad(task_loss, has_aux=True)(meta_params, task, ctx)
-        return grads, aux
-
-    return task_grad, task_loss
+    return gradient_of(task_loss), task_loss
 
 
 # --- config checks: each raises ValueError naming the key, as ``algorithm.<key>`` -------------

@@ -34,6 +34,7 @@ from metalearn.algorithms.base import (
     InnerLoopConfig,
     MetaLearner,
     check_count,
+    gradient_of,
     hyperparameter,
     hyperparameter_values,
     hyperparameters,
@@ -191,15 +192,11 @@ def cavia(objective: Objective, config: CAVIAConfig | None = None, **overrides) 
             remat=c.remat,
         )
 
-    def task_grad(meta, task: Task, ctx):
-        def loss(m):
-            phi = adapted_context(m, task.support, ctx)
-            with conditioned(m, phi):
-                value, aux = query_loss(objective, m["params"], ctx, task.query)
-            return value, Aux(aux.model_state, aux.metrics)
-
-        (_, aux), grads = jax.value_and_grad(loss, has_aux=True)(meta)
-        return grads, aux
+    def task_loss(meta, task: Task, ctx):
+        phi = adapted_context(meta, task.support, ctx)
+        with conditioned(meta, phi):
+            value, aux = query_loss(objective, meta["params"], ctx, task.query)
+        return value, Aux(aux.model_state, aux.metrics)
 
     def evaluate(meta, task: Task, ctx, steps):
         loss_fn = context_loss(meta, ctx, train=False)
@@ -235,4 +232,6 @@ def cavia(objective: Objective, config: CAVIAConfig | None = None, **overrides) 
         node[target[-1]] = entry
         return folded
 
-    return MetaLearner(init, task_grad, evaluate, adapt_params, hyper=own)
+    return MetaLearner(
+        init, gradient_of(task_loss), evaluate, adapt_params, hyper=own, task_loss=task_loss
+    )

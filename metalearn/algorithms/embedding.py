@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from metalearn.algorithms.base import split_top_level
+from metalearn.algorithms.base import gradient_of, split_top_level
 from metalearn.data.task import (
     Aux,
     Objective,
@@ -105,28 +105,24 @@ def smoothed_cross_entropy(logits, batch, present, smoothing: float) -> jax.Arra
 
 
 def query_classifier(logits_and_state, label_smoothing: float = 0.0):
-    """``(task_grad, evaluate)`` of a learner without an inner loop whose query logits come from
-    ``logits_and_state(meta, task, ctx, train) -> (logits, model state, extra metrics)``: the
-    meta-gradient of the query cross-entropy (with ``label_smoothing``, that of
-    :func:`smoothed_cross_entropy`; the metrics report the plain one), and the same metrics for
-    every step count."""
+    """``(task_grad, evaluate, task_loss)`` of a learner without an inner loop whose query
+    logits come from ``logits_and_state(meta, task, ctx, train) -> (logits, model state, extra
+    metrics)``: the query cross-entropy (with ``label_smoothing``, that of
+    :func:`smoothed_cross_entropy`; the metrics report the plain one) and its meta-gradient,
+    and the same metrics for every step count."""
 
-    def task_grad(meta, task: Task, ctx):
-        def query_loss(m):
-            logits, state, extra = logits_and_state(m, task, ctx, True)
-            loss, metrics = supervised_loss_and_metrics("classification", logits, task.query)
-            if label_smoothing:
-                classes = logits.shape[-1]
-                present = jax.nn.one_hot(task.support[1], classes).sum(0) > 0
-                loss = smoothed_cross_entropy(logits, task.query, present, label_smoothing)
-            return loss, Aux(state, {**metrics, **extra})
-
-        (_, aux), grads = jax.value_and_grad(query_loss, has_aux=True)(meta)
-        return grads, aux
+    def task_loss(meta, task: Task, ctx):
+        logits, state, extra = logits_and_state(meta, task, ctx, True)
+        loss, metrics = supervised_loss_and_metrics("classification", logits, task.query)
+        if label_smoothing:
+            classes = logits.shape[-1]
+            present = jax.nn.one_hot(task.support[1], classes).sum(0) > 0
+            loss = smoothed_cross_entropy(logits, task.query, present, label_smoothing)
+        return loss, Aux(state, {**metrics, **extra})
 
     def evaluate(meta, task: Task, ctx, steps):
         logits, _, _ = logits_and_state(meta, task, ctx, False)
         _, metrics = supervised_loss_and_metrics("classification", logits, task.query)
         return {k: jnp.broadcast_to(v, (len(tuple(steps)),)) for k, v in metrics.items()}
 
-    return task_grad, evaluate
+    return gradient_of(task_loss), evaluate, task_loss

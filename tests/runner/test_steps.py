@@ -63,24 +63,45 @@ def test_every_task_batching_gives_the_same_meta_step(conv):
     assert float(max(jax.tree_util.tree_leaves(moved.meta_params))) > 0  # a real step
 
 
-@pytest.mark.parametrize("algorithm", ["maml", "meta_sgd", "anil"])
-def test_the_gradient_of_the_mean_loss_is_the_mean_of_the_task_gradients(algorithm):
-    """Under vmap a learner with ``task_loss`` is differentiated once for the meta-batch; its
-    update, model state and metrics equal those of averaging ``task_grad`` over the tasks."""
+def tiny_experiment(algorithm: str):
+    """A learner with ``task_loss``, its model and family: sinusoid for the inner-loop
+    learners, toy episodes and a 4-filter Conv4 for the solved heads."""
     from metalearn import algorithms
     from metalearn.data.sinusoid import sinusoid
     from metalearn.models.base import ModelParts
     from metalearn.models.mlp import MLP
+
+    if algorithm in ("protonet", "r2d2", "metaoptnet_svm"):
+        images = np.random.default_rng(0).integers(0, 256, (12, 4, 28, 28, 1), dtype=np.uint8)
+        family = episode_distribution(
+            {"train": images, "val": images, "test": images}, ways=3, num_queries=2, dataset="toy"
+        )
+        module = conv4(family.num_outputs, Conv4Config(filters=4))
+        model = model_from_flax(module, family.input_shape, CONV4_PARTS)
+        overrides = {}
+    else:
+        family = sinusoid()
+        model = model_from_flax(MLP((16, 16), 1), (1,), ModelParts(head="head"))
+        overrides = {"inner_steps": 2} | ({} if algorithm == "meta_sgd" else {"inner_lr": 0.1})
+        overrides |= {"film_module": "hidden_0"} if algorithm == "cavia" else {}
+    learner = getattr(algorithms, algorithm)(family_objective(family, model), **overrides)
+    return family, model, learner
+
+
+LOSS_LEARNERS = ["maml", "meta_sgd", "anil", "boil", "cavia", "protonet", "r2d2", "metaoptnet_svm"]
+
+
+@pytest.mark.parametrize("algorithm", LOSS_LEARNERS)
+def test_the_gradient_of_the_mean_loss_is_the_mean_of_the_task_gradients(algorithm):
+    """Under vmap a learner with ``task_loss`` is differentiated once for the meta-batch; its
+    update, model state and metrics equal those of averaging ``task_grad`` over the tasks."""
     from metalearn.runner.steps import init_train_state, sample_tasks
 
-    family = sinusoid()
-    model = model_from_flax(MLP((16, 16), 1), (1,), ModelParts(head="head"))
-    overrides = {"inner_steps": 2} | ({} if algorithm == "meta_sgd" else {"inner_lr": 0.1})
-    learner = getattr(algorithms, algorithm)(family_objective(family, model), **overrides)
+    family, model, learner = tiny_experiment(algorithm)
     assert learner.task_loss is not None
     optimizer = optax.sgd(1.0)  # the update is the meta-gradient itself
     state = init_train_state(learner, model, optimizer, jax.random.key(0))
-    tasks = sample_tasks(family, {}, jax.random.key(1), 8, 5)
+    tasks = sample_tasks(family, family.splits["train"], jax.random.key(1), 8, 2)
     results = []
     for one in (learner, learner._replace(task_loss=None)):
         step = make_meta_train_step(
@@ -99,6 +120,9 @@ def test_the_gradient_of_the_mean_loss_is_the_mean_of_the_task_gradients(algorit
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * largest)
     for key in averaged_metrics:
         np.testing.assert_allclose(once_metrics[key], averaged_metrics[key], rtol=1e-6)
+    states = (once.model_state, averaged.model_state)  # Conv4's batch-norm statistics
+    for got, want in zip(*map(jax.tree_util.tree_leaves, states), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert int(once.step) == int(averaged.step) == 1
 
 
