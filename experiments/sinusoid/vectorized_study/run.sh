@@ -28,13 +28,15 @@ printf '%s\n' $(seq 0 19) | JAX_COMPILATION_CACHE_DIR="$work/cache_d" xargs -P 2
 t3=$(now)
 
 python - "$work" "$here" "$t0" "$t1" "$t2" "$t3" <<'PY'
-import json, pathlib, sys, platform
+import json, pathlib, platform, subprocess, sys
 work, here = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 t0, t1, t2, t3 = map(float, sys.argv[3:])
 best = min(t2 - t1, t3 - t2)
 row = {"sweep": "sinusoid_maml seeds 0-19", "vectorized_s": round(t1 - t0, 1),
        "processes2t1_s": round(t2 - t1, 1), "processes2_s": round(t3 - t2, 1),
        "speedup_vs_best_processes": round(best / (t1 - t0), 3),
+       "commit": subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True).stdout.strip(),
        "device": f"cpu ({platform.machine()}), 2 cores"}
 print(json.dumps(row))
 with open(here / "timings.jsonl", "a") as f:
