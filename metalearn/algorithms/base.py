@@ -126,9 +126,11 @@ class MetaLearner(NamedTuple):
     - ``hyper``: the hyperparameters the functions were built with, by name (the values of the
       config's :func:`hyperparameter` fields): the runner passes them back as data.
     - ``task_loss`` (optional): ``task_loss(meta_params, task, ctx) -> (loss, Aux)``, the scalar
-      whose gradient ``task_grad`` returns. With it, a meta-batch batched by ``vmap`` takes the
-      gradient of the mean loss in one backward pass, where XLA merges the tasks' products with
-      the shared meta-parameters into single larger ones, instead of averaging per-task gradients.
+      whose gradient ``task_grad`` returns, with ``task_grad = gradient_of(task_loss)``. Then a
+      meta-batch batched by ``vmap`` takes the gradient of the mean loss in one backward pass,
+      where XLA merges the tasks' products with the shared meta-parameters into single larger
+      ones, instead of averaging per-task gradients. A ``task_grad`` replaced on its own
+      (``learner._replace(task_grad=...)``) is averaged as it is.
     """
 
     init: Callable[[jax.Array, PyTree], PyTree]
@@ -217,6 +219,7 @@ def gradient_of(task_loss: Callable) -> Callable:
         (_, aux), grads = jax.value_and_grad(task_loss, has_aux=True)(meta_params, task, ctx)
         return grads, aux
 
+    task_grad.loss = task_loss  # what the runner checks before differentiating the loss itself
     return task_grad
 
 

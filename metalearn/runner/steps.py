@@ -125,6 +125,11 @@ def make_meta_train_step(
     (1, ['mse'])
     """
 
+    # The learner's task_grad is its task_loss's gradient (not one replaced on its own).
+    one_pass = learner.task_loss is not None and (
+        getattr(learner.task_grad, "loss", None) is learner.task_loss
+    )
+
     def task_mean(state: TrainState, tasks_and_keys: PyTree):
         total = jnp.asarray(meta_steps, jnp.int32)
 
@@ -149,7 +154,7 @@ def make_meta_train_step(
             losses, aux = jax.vmap(one_loss)(tasks_and_keys)
             return jnp.mean(losses), aux
 
-        if learner.task_loss is not None and strategy == "vmap":
+        if one_pass and strategy == "vmap":
             # One backward pass for the meta-batch: XLA merges the tasks' products with the
             # shared meta-parameters, where a mean of per-task gradients keeps one per task.
             grads, aux = jax.grad(mean_loss, has_aux=True)(state.meta_params)

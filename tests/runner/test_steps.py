@@ -10,6 +10,7 @@ import numpy as np
 import optax
 import pytest
 
+from metalearn.algorithms.base import gradient_of
 from metalearn.algorithms.maml import maml
 from metalearn.core import batching as task_batching
 from metalearn.data.episodes import episode_distribution
@@ -98,7 +99,7 @@ def test_the_gradient_of_the_mean_loss_is_the_mean_of_the_task_gradients(algorit
     from metalearn.runner.steps import init_train_state, sample_tasks
 
     family, model, learner = tiny_experiment(algorithm)
-    assert learner.task_loss is not None
+    assert learner.task_grad.loss is learner.task_loss is not None
     optimizer = optax.sgd(1.0)  # the update is the meta-gradient itself
     state = init_train_state(learner, model, optimizer, jax.random.key(0))
     tasks = sample_tasks(family, family.splits["train"], jax.random.key(1), 8, 2)
@@ -134,7 +135,11 @@ def test_a_task_loss_that_is_not_a_scalar_and_aux_is_refused():
     family = sinusoid()
     model = model_from_flax(MLP((8,), 1), (1,))
     learner = maml(family_objective(family, model))
-    per_point = learner._replace(task_loss=lambda p, task, ctx: (task.query[1] * 0, None))
+
+    def per_point(params, task, ctx):
+        return task.query[1] * 0, None
+
+    per_point = learner._replace(task_grad=gradient_of(per_point), task_loss=per_point)
     optimizer = optax.sgd(1.0)
     state = init_train_state(per_point, model, optimizer, jax.random.key(0))
     step = make_meta_train_step(
