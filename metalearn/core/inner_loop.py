@@ -198,8 +198,9 @@ def _run_inner_loop(
         for _ in range(num_steps):
             carry = step(carry)
             trajectory.append(carry[0])
-        stacked = jax.tree_util.tree_map(lambda *steps: jnp.stack(steps), *trajectory)
-        return carry[0], (stacked if keep_trajectory else None)
+        if not keep_trajectory:
+            return carry[0], None
+        return carry[0], jax.tree_util.tree_map(lambda *steps: jnp.stack(steps), *trajectory)
     (adapted, _), trajectory = jax.lax.scan(
         body, (params, opt_state), None, length=num_steps, unroll=unroll
     )
