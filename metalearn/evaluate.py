@@ -23,7 +23,12 @@ from metalearn.runner.evaluation import format_record
 from metalearn.runner.reporting import EvaluationProgress
 from metalearn.runner.rundir import write_atomically
 from metalearn.runner.saved_run import load_run
-from metalearn.runner.signals import Interrupted, StopRequest, exit_at_once
+from metalearn.runner.signals import (
+    Interrupted,
+    StopRequest,
+    exit_at_once,
+    interruption_behind,
+)
 
 
 def replacement_note(out: str, overrides: Sequence[str]) -> str | None:
@@ -78,6 +83,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         out = args.out or os.path.join(args.run_dir, f"eval_{runner.loaded}.json")
         check_writable_file(out, "--out", "eval.json")
     except Exception as err:  # or raised in a researcher's own registered code: one line
+        _raise_the_interruption_behind(err)
         known = isinstance(err, (ValueError, FileNotFoundError, RuntimeError))
         message = str(err) if known else user_code_error(err)
         if message is None:
@@ -97,6 +103,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     try:
         (records,) = runner.evaluate(params, "test", num_tasks, on_chunk=progress)
     except Exception as err:
+        _raise_the_interruption_behind(err)
         message = out_of_memory_message(err, "lower eval.tasks_per_call (tasks per call)")
         message = message or user_code_error(err, selected_parts(cfg))
         if not message:
@@ -119,6 +126,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(format_record(r))
     print(f"wrote {out}")
     return records
+
+
+def _raise_the_interruption_behind(err: Exception) -> None:
+    """A signal's Interrupted that a library turned into an error of its own is the signal's."""
+    interrupted = interruption_behind(err)
+    if interrupted is not None:
+        raise interrupted from err
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from metalearn.runner.reporting import (
 )
 from metalearn.runner.run import NonFiniteError, Runner, average
 from metalearn.runner.rundir import RunDirectory, write_atomically
-from metalearn.runner.signals import Interrupted, StopRequest
+from metalearn.runner.signals import Interrupted, StopRequest, interruption_behind
 from metalearn.runner.steps import all_equal, batch_update_strategy, trained
 
 __all__ = ["Job", "NonFiniteError", "chunk_length", "train_and_evaluate", "train_runs"]
@@ -90,7 +90,7 @@ def train_runs(jobs: Sequence[Job], sweep_dir: str | None = None) -> list[dict |
                         continue
                     exp = build(resolve(job.config, runs=len(jobs)), tasks)
                 except Exception as err:
-                    if not group:
+                    if not group or interruption_behind(err):
                         raise
                     outcomes[i] = err
                     continue
@@ -110,10 +110,13 @@ def train_runs(jobs: Sequence[Job], sweep_dir: str | None = None) -> list[dict |
                     outcomes[i] = outcome
             finally:
                 runner.close()
-        except Interrupted as err:
+        except BaseException as err:
+            interrupted = interruption_behind(err)
+            if interrupted is None:
+                raise
             for i, job in enumerate(jobs):
                 if outcomes[i] is None:
-                    outcomes[i] = _interrupted(job.workdir, sweep_dir, err, stop)
+                    outcomes[i] = _interrupted(job.workdir, sweep_dir, interrupted, stop)
             return outcomes
     if leftover:  # runs a kill left a checkpoint ahead of the others: a group of their own
         rest = [built[k][0] for k in leftover]

@@ -1,7 +1,8 @@
 """SIGINT/SIGTERM anywhere in a run: stop cleanly, say what was saved, never a traceback. In
 the training loop a signal sets a flag (the loop saves a checkpoint and returns), elsewhere it
 raises :class:`Interrupted`; a second one ends the process at once. A submitit job's requeue
-signal is a stop too, handed back to submitit once the checkpoint is saved."""
+signal is a stop too, handed back to submitit once the checkpoint is saved. The handler logs
+nothing itself (it may land inside a log write): the loop says what came at its next check."""
 
 from __future__ import annotations
 
@@ -76,6 +77,23 @@ INTERRUPTED_FRAMES_KEPT: list[Interrupted] = []
 REQUEUE_NOTE = " (the cluster's job time limit is near, or the job is pre-empted; it is requeued)"
 REDELIVERY_SECONDS = 0.05  # how long a signal that landed in a gc callback waits to come again
 _collecting = False  # whether the garbage collector is running
+_active: list[StopRequest] = []  # the StopRequests entered and not yet left, innermost last
+
+
+def interruption_behind(err: BaseException) -> Interrupted | None:
+    """The :class:`Interrupted` that ``err`` is, or that a signal raised before it under the
+    innermost active :class:`StopRequest`; None if none was.
+
+    A signal's exception lands wherever the main thread is; where that is inside a library
+    that catches it and raises its own (JAX's pytree comparison raises a ValueError), the
+    interruption surfaces as that error, and is reported as the interruption it is.
+
+    >>> interruption_behind(ValueError("no signal came")) is None
+    True
+    """
+    if isinstance(err, Interrupted):
+        return err
+    return _active[-1].raised if _active else None
 
 
 def _track_collection(phase: str, info: dict) -> None:
@@ -104,8 +122,12 @@ class StopRequest:
         self._requeue_signal = requeue_signal()
         self.phase = "start-up"
         self._deferring = False
-        self._raised = False
+        self.raised: Interrupted | None = None  # what the handler raised
         self._previous: dict[int, object] = {}
+        # What a deferred signal has to say, logged by the main thread at the next check
+        # (agreed): logged inside the handler, it could land inside a log handler's own write
+        # and fail on the stream's reentrant call.
+        self._notices: list[str] = []
 
     def deferred(self, when: bool = True) -> contextlib.AbstractContextManager[StopRequest]:
         """Within this block (when ``when``) a signal only sets ``signum``. Blocks nest."""
@@ -130,16 +152,18 @@ class StopRequest:
         self.requeue = self.requeue or requeue
         # SLURM sends the requeue signal and SIGTERM (twice) at a pre-emption: they join a stop.
         joins = requeue or (self.requeue and signum == signal.SIGTERM)
-        if joins and (self.signum is not None or self._raised):
+        if joins and (self.signum is not None or self.raised is not None):
             if requeue and self.signum is not None:
-                log.warning(f"received {name} as well{note}")
+                self._notices.append(f"received {name} as well{note}")
             return
-        if self._raised or (self.signum is not None and signum == signal.SIGINT):
-            print(f"{name} again: exiting at once", file=sys.stderr)
+        if self.raised is not None or (self.signum is not None and signum == signal.SIGINT):
+            # Written to the file descriptor: sys.stderr's buffer may be mid-write below us.
+            lines = [*self._notices, f"{name} again: exiting at once"]
+            os.write(2, "".join(line + "\n" for line in lines).encode())
             os._exit(128 + signum)
         if self._deferring and self.signum is None:
             self.signum = signum
-            log.warning(
+            self._notices.append(
                 f"received {name}{note}: stopping after the current step and saving a checkpoint"
             )
             return
@@ -148,14 +172,16 @@ class StopRequest:
             threading.Timer(REDELIVERY_SECONDS, signal.raise_signal, (signum,)).start()
             return
         self.signum = signum
-        self._raised = True
-        interrupted = Interrupted(signum, self.phase)
-        INTERRUPTED_FRAMES_KEPT.append(interrupted)
-        raise interrupted
+        self.raised = Interrupted(signum, self.phase)
+        INTERRUPTED_FRAMES_KEPT.append(self.raised)
+        raise self.raised
 
     def agreed(self) -> bool:
         """Whether any process of the run has been asked to stop: every process calls it at the
-        same point, so that none stops alone, leaving the others in a collective."""
+        same point, so that none stops alone, leaving the others in a collective. Logs what
+        the signals that came since the last call have to say."""
+        while self._notices:
+            log.warning(self._notices.pop(0))
         jax = sys.modules.get("jax")  # not imported here: one process unless JAX was started
         if jax is None or jax.process_count() == 1:
             return self.signum is not None
@@ -179,9 +205,12 @@ class StopRequest:
             for signum in (signal.SIGINT, signal.SIGTERM, *requeue):
                 self._previous[signum] = signal.signal(signum, self._handle)
             gc.callbacks.append(_track_collection)
+        _active.append(self)
         return self
 
     def __exit__(self, *exc) -> None:
+        if self in _active:
+            _active.remove(self)
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         if _track_collection in gc.callbacks:

@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 import gc
+import io
+import logging
 import signal
 import sys
 import time
 
+import jax
 import pytest
 
-from metalearn.runner.signals import Interrupted, StopRequest, hand_back_to_launcher
+from metalearn import evaluate
+from metalearn.config import to_objects
+from metalearn.runner import loop
+from metalearn.runner.run import Runner
+from metalearn.runner.signals import (
+    Interrupted,
+    StopRequest,
+    hand_back_to_launcher,
+    interruption_behind,
+)
 from tests.cli import checkout_env, finished
+from tests.conftest import compose_config, copy_of
 
 
 @pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
@@ -79,6 +92,116 @@ def test_the_requeue_signal_while_an_interruption_is_handled_does_not_end_the_pr
     assert stop.requeue
 
 
+class _OneWriterAtATime(io.StringIO):
+    """A log stream that refuses a reentrant write, as a BufferedWriter does, and calls
+    ``landing`` (a signal arriving) inside its first flush."""
+
+    def __init__(self, landing):
+        super().__init__()
+        self.busy, self.landing = False, landing
+
+    def flush(self):
+        if self.busy:
+            raise RuntimeError("reentrant call inside the log stream")
+        self.busy = True
+        try:
+            landing, self.landing = self.landing, None
+            if landing is not None:
+                landing()
+        finally:
+            self.busy = False
+
+
+def test_a_deferred_signal_landing_inside_a_log_write_is_logged_at_the_next_check():
+    # CI: SIGTERM came while the training loop's progress line was being flushed to train.log;
+    # the handler logged "received SIGTERM" from there, into the same stream, and the file's
+    # BufferedWriter raised "reentrant call" (printed as a logging error with a traceback).
+    log = logging.getLogger("metalearn")
+    with StopRequest() as stop, stop.deferred():
+        stream = _OneWriterAtATime(lambda: stop._handle(signal.SIGTERM, sys._getframe()))
+        handler = logging.StreamHandler(stream)
+        handler.handleError = lambda record: pytest.fail("the log stream failed")
+        log.addHandler(handler)
+        try:
+            log.warning("step 150/200")  # the signal lands inside this line's flush
+            assert stop.signum == signal.SIGTERM and "received" not in stream.getvalue()
+            assert stop.agreed()
+            assert stop.agreed()  # said once
+        finally:
+            log.removeHandler(handler)
+    received = "received SIGTERM: stopping after the current step and saving a checkpoint"
+    assert stream.getvalue().splitlines() == ["step 150/200", received]
+
+
+def _compare_pytrees_as_the_signal_lands(handler) -> None:
+    """Compare two pytrees whose metadata comparison is where the signal ``handler`` is called
+    (as if it arrived there), as JAX compares a flax module's static fields."""
+
+    class Metadata:
+        def __eq__(self, other):
+            handler(signal.SIGINT, sys._getframe())
+            return True
+
+        def __hash__(self):
+            return 0
+
+    @jax.tree_util.register_pytree_node_class
+    class Node:
+        def tree_flatten(self):
+            return (), Metadata()
+
+        @classmethod
+        def tree_unflatten(cls, metadata, children):
+            return cls()
+
+    _ = jax.tree_util.tree_structure(Node()) == jax.tree_util.tree_structure(Node())
+
+
+def test_an_interrupted_that_jax_turns_into_its_own_error_is_still_the_interruption():
+    # CI: SIGINT during the final evaluation landed in a pytree's metadata comparison, which
+    # JAX runs in C++; JAX raised "ValueError: Exception raised while checking equality of
+    # metadata fields of pytree", and the run ended as a failure (exit 2), not interrupted.
+    with StopRequest() as stop:
+        with pytest.raises(ValueError, match="equality of metadata") as raised:
+            _compare_pytrees_as_the_signal_lands(stop._handle)
+        behind = interruption_behind(raised.value)
+        assert behind is stop.raised and behind.signum == signal.SIGINT
+    # Outside a StopRequest (or under one no signal came to), an error is only itself.
+    assert interruption_behind(raised.value) is None
+    with StopRequest():
+        assert interruption_behind(ValueError("a real error")) is None
+
+
+def test_a_run_whose_interruption_jax_turned_into_an_error_ends_interrupted(
+    tmp_path, monkeypatch, caplog
+):
+    def evaluation_where_the_signal_lands(runs, state):
+        _compare_pytrees_as_the_signal_lands(signal.getsignal(signal.SIGINT))
+
+    monkeypatch.setattr(loop, "_final_evaluation", evaluation_where_the_signal_lands)
+    cfg = to_objects(compose_config(["+experiment=sinusoid_maml", "+debug=tiny"]))
+    summary = loop.train_and_evaluate(cfg, str(tmp_path / "run"))
+    assert summary["interrupted"] and summary["signal"] == signal.SIGINT, summary
+    assert summary["step"] == 4  # the last checkpoint's, saved before the final evaluation
+    said = "interrupted by SIGINT during the final test evaluation: the checkpoint of step 4"
+    assert said in caplog.text, caplog.text
+
+
+def test_evaluate_reports_such_an_interruption_as_the_interruption(
+    finished_tiny_run, tmp_path, monkeypatch
+):
+    # Its __main__ ends an Interrupted with "interrupted by SIGINT: nothing was written".
+    def evaluation_where_the_signal_lands(self, *args, **kwargs):
+        _compare_pytrees_as_the_signal_lands(signal.getsignal(signal.SIGINT))
+
+    monkeypatch.setattr(Runner, "evaluate", evaluation_where_the_signal_lands)
+    run_dir = copy_of(finished_tiny_run, tmp_path / "run")
+    with StopRequest(), pytest.raises(Interrupted) as raised:
+        evaluate.main([str(run_dir)])
+    assert raised.value.signum == signal.SIGINT
+    assert not (run_dir / "eval_best.json").exists()
+
+
 def test_handing_the_signal_back_says_why_the_launcher_did_not_requeue():
     def requeues(signum, frame):
         raise SystemExit(144)  # submitit's local executor's requeue
@@ -108,7 +231,16 @@ def test_handing_the_signal_back_says_why_the_launcher_did_not_requeue():
 SIGNAL_INSIDE_XLA_CONVERSION = """
 import gc, os, signal, sys, threading, time
 import jax, jax.numpy as jnp
-from metalearn.runner.signals import Interrupted, StopRequest, hand_back_to_launcher
+from metalearn import evaluate
+from metalearn.config import to_objects
+from metalearn.runner import loop
+from metalearn.runner.run import Runner
+from metalearn.runner.signals import (
+    Interrupted,
+    StopRequest,
+    hand_back_to_launcher,
+    interruption_behind,
+)
 
 def program(x):
     for _ in range(3000):
