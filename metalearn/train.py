@@ -119,7 +119,8 @@ def _failed(workdir: str, sweep_dir: str | None, failure: cli.Failure) -> None:
 
 def _stopped_early(signum, frame) -> None:
     """A signal before the run has started (Hydra composing the config): one line, no trace."""
-    print(f"interrupted by {signal.Signals(signum).name} before training started", file=sys.stderr)
+    # To the file descriptor: the signal may land inside a write to sys.stderr (reentrant).
+    os.write(2, f"interrupted by {signal.Signals(signum).name} before training started\n".encode())
     sys.exit(128 + signum)
 
 
