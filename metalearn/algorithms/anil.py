@@ -113,7 +113,7 @@ def partial_inner_loop(objective: Objective, c, adapted_entries) -> MetaLearner:
         )
         return {**params, **new}
 
-    task_grad, task_loss = query_gradient(objective, adapt_params)
+    task_grad = query_gradient(objective, adapt_params)
 
     def evaluate(params, task: Task, ctx, steps):
         adapted, fixed = split(params)
@@ -127,4 +127,4 @@ def partial_inner_loop(objective: Objective, c, adapted_entries) -> MetaLearner:
             objective, trajectory, task, ctx, steps, to_model_params=lambda a: {**params, **a}
         )
 
-    return MetaLearner(init, task_grad, evaluate, adapt_params, hyper=own, task_loss=task_loss)
+    return MetaLearner(init, task_grad, evaluate, adapt_params, hyper=own)

@@ -125,12 +125,11 @@ class MetaLearner(NamedTuple):
       (as in ``TaskContext.hyper``).
     - ``hyper``: the hyperparameters the functions were built with, by name (the values of the
       config's :func:`hyperparameter` fields): the runner passes them back as data.
-    - ``task_loss`` (optional): ``task_loss(meta_params, task, ctx) -> (loss, Aux)``, the scalar
-      whose gradient ``task_grad`` returns, with ``task_grad = gradient_of(task_loss)``. Then a
-      meta-batch batched by ``vmap`` takes the gradient of the mean loss in one backward pass,
-      where XLA merges the tasks' products with the shared meta-parameters into single larger
-      ones, instead of averaging per-task gradients. A ``task_grad`` replaced on its own
-      (``learner._replace(task_grad=...)``) is averaged as it is.
+
+    A ``task_grad`` made by :func:`gradient_of` from a scalar ``task_loss`` carries that loss
+    (``task_grad.loss``): a meta-batch batched by ``vmap`` then takes the gradient of the mean
+    loss in one backward pass, where XLA merges the tasks' products with the shared
+    meta-parameters into single larger ones, instead of averaging per-task gradients.
     """
 
     init: Callable[[jax.Array, PyTree], PyTree]
@@ -139,7 +138,6 @@ class MetaLearner(NamedTuple):
     adapt: Callable[..., PyTree]
     batch_update: Callable[..., tuple[PyTree, PyTree, Metrics]] | None = None
     hyper: Mapping[str, float] = types.MappingProxyType({})
-    task_loss: Callable[[PyTree, Task, TaskContext], tuple[jax.Array, Aux]] | None = None
 
 
 BATCH_UPDATE_ARGS = (
@@ -213,7 +211,8 @@ def query_metrics(objective: Objective, params: PyTree, ctx: TaskContext, data: 
 
 def gradient_of(task_loss: Callable) -> Callable:
     """``task_grad`` from ``task_loss(meta_params, task, ctx) -> (loss, Aux)``: the loss's
-    gradient with respect to the meta-parameters, and its Aux."""
+    gradient with respect to the meta-parameters, and its Aux. It keeps ``task_loss`` as
+    ``task_grad.loss``, which the runner differentiates once for a meta-batch."""
 
     def task_grad(meta_params, task: Task, ctx: TaskContext) -> tuple[PyTree, Aux]:
         (_, aux), grads = jax.value_and_grad(task_loss, has_aux=True)(meta_params, task, ctx)
@@ -223,14 +222,14 @@ def gradient_of(task_loss: Callable) -> Callable:
     return task_grad
 
 
-def query_gradient(objective: Objective, adapt_fn) -> tuple[Callable, Callable]:
-    """``(task_grad, task_loss)`` of a learner whose meta-gradient is that of the query loss
-    after ``adapt_fn(meta_params, support, ctx)``."""
+def query_gradient(objective: Objective, adapt_fn) -> Callable:
+    """``task_grad`` of a learner whose meta-gradient is that of the query loss after
+    ``adapt_fn(meta_params, support, ctx)``, made by :func:`gradient_of`."""
 
     def task_loss(meta_params, task: Task, ctx: TaskContext) -> tuple[jax.Array, Aux]:
         return query_loss(objective, adapt_fn(meta_params, task.support, ctx), ctx, task.query)
 
-    return gradient_of(task_loss), task_loss
+    return gradient_of(task_loss)
 
 
 # --- config checks: each raises ValueError naming the key, as ``algorithm.<key>`` -------------

@@ -232,6 +232,4 @@ def cavia(objective: Objective, config: CAVIAConfig | None = None, **overrides) 
         node[target[-1]] = entry
         return folded
 
-    return MetaLearner(
-        init, gradient_of(task_loss), evaluate, adapt_params, hyper=own, task_loss=task_loss
-    )
+    return MetaLearner(init, gradient_of(task_loss), evaluate, adapt_params, hyper=own)

@@ -105,7 +105,7 @@ def smoothed_cross_entropy(logits, batch, present, smoothing: float) -> jax.Arra
 
 
 def query_classifier(logits_and_state, label_smoothing: float = 0.0):
-    """``(task_grad, evaluate, task_loss)`` of a learner without an inner loop whose query
+    """``(task_grad, evaluate)`` of a learner without an inner loop whose query
     logits come from ``logits_and_state(meta, task, ctx, train) -> (logits, model state, extra
     metrics)``: the query cross-entropy (with ``label_smoothing``, that of
     :func:`smoothed_cross_entropy`; the metrics report the plain one) and its meta-gradient,
@@ -125,4 +125,4 @@ def query_classifier(logits_and_state, label_smoothing: float = 0.0):
         _, metrics = supervised_loss_and_metrics("classification", logits, task.query)
         return {k: jnp.broadcast_to(v, (len(tuple(steps)),)) for k, v in metrics.items()}
 
-    return gradient_of(task_loss), evaluate, task_loss
+    return gradient_of(task_loss), evaluate

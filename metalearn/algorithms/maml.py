@@ -108,13 +108,13 @@ def maml(objective: Objective, config: MAMLConfig | None = None, **overrides) ->
             unroll=c.unroll,
         )
 
-    task_grad, task_loss = query_gradient(objective, adapt_params)
+    task_grad = query_gradient(objective, adapt_params)
 
     def evaluate(params, task: Task, ctx, steps):
         trajectory = sgd_trajectory_fn(objective, params, rates(params, ctx), ctx)
         return evaluate_trajectory(objective, trajectory, task, ctx, steps)
 
-    return MetaLearner(init, task_grad, evaluate, adapt_params, hyper=own, task_loss=task_loss)
+    return MetaLearner(init, task_grad, evaluate, adapt_params, hyper=own)
 
 
 @ALGORITHMS.register("fomaml", FOMAMLConfig)

@@ -97,12 +97,10 @@ def meta_sgd(objective: Objective, config: MetaSGDConfig | None = None, **overri
             first_order=c.first_order,
         )
 
-    task_grad, task_loss = query_gradient(objective, adapt_params)
+    task_grad = query_gradient(objective, adapt_params)
 
     def evaluate(meta_params, task: Task, ctx, steps):
         trajectory = sgd_trajectory_fn(objective, meta_params["params"], rates(meta_params), ctx)
         return evaluate_trajectory(objective, trajectory, task, ctx, steps)
 
-    return MetaLearner(
-        init, task_grad, evaluate, adapt_params, hyper=hyperparameters(c), task_loss=task_loss
-    )
+    return MetaLearner(init, task_grad, evaluate, adapt_params, hyper=hyperparameters(c))

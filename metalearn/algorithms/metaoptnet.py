@@ -299,7 +299,7 @@ def metaoptnet_svm(
         logits, residual = svm_logits(support, onehot, query, meta["scale"], c)
         return logits, state, {"svm_residual": residual}
 
-    task_grad, evaluate, task_loss = query_classifier(logits_and_state, c.label_smoothing)
+    task_grad, evaluate = query_classifier(logits_and_state, c.label_smoothing)
 
     def adapt_params(meta, support, ctx, inner_steps=0):
         del inner_steps  # no inner loop
@@ -314,4 +314,4 @@ def metaoptnet_svm(
         bias = jnp.where(jnp.sum(onehot, axis=0) > 0, 0.0, -jnp.inf).astype(kernel.dtype)
         return {**params, head: {"kernel": kernel, "bias": bias}}
 
-    return MetaLearner(init, task_grad, evaluate, adapt_params, task_loss=task_loss)
+    return MetaLearner(init, task_grad, evaluate, adapt_params)

@@ -132,7 +132,7 @@ def protonet(
         logits = prototypical_logits(support_embeddings, support_y, query_embeddings, num_classes)
         return logits, state, {}
 
-    task_grad, evaluate, task_loss = query_classifier(logits_and_state)
+    task_grad, evaluate = query_classifier(logits_and_state)
 
     def adapt_params(params, support, ctx, inner_steps=0):
         del inner_steps  # no inner loop
@@ -144,4 +144,4 @@ def protonet(
         bias = jnp.where(counts > 0, -jnp.sum(protos**2, axis=-1), -jnp.inf)
         return {**params, head: {"kernel": 2.0 * protos.T, "bias": bias}}
 
-    return MetaLearner(init, task_grad, evaluate, adapt_params, task_loss=task_loss)
+    return MetaLearner(init, task_grad, evaluate, adapt_params)

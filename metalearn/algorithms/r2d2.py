@@ -184,7 +184,7 @@ def r2d2(objective: Objective, config: R2D2Config | None = None, **overrides) ->
         logits = head["scale"] * (query @ w + b) + head["bias"]
         return jnp.where(present[None, :], logits, -jnp.inf), state, {}
 
-    task_grad, evaluate, task_loss = query_classifier(logits_and_state)
+    task_grad, evaluate = query_classifier(logits_and_state)
 
     def adapt_params(meta_params, support, ctx, inner_steps=0):
         del inner_steps  # no inner loop
@@ -196,4 +196,4 @@ def r2d2(objective: Objective, config: R2D2Config | None = None, **overrides) ->
         bias = jnp.where(present, scale * b + offset, -jnp.inf)
         return {**params, head: {"kernel": scale * w, "bias": bias}}
 
-    return MetaLearner(init, task_grad, evaluate, adapt_params, task_loss=task_loss)
+    return MetaLearner(init, task_grad, evaluate, adapt_params)

@@ -125,10 +125,8 @@ def make_meta_train_step(
     (1, ['mse'])
     """
 
-    # The learner's task_grad is its task_loss's gradient (not one replaced on its own).
-    one_pass = learner.task_loss is not None and (
-        getattr(learner.task_grad, "loss", None) is learner.task_loss
-    )
+    # A task_grad made by gradient_of(task_loss) carries the loss it differentiates.
+    task_loss = getattr(learner.task_grad, "loss", None)
 
     def task_mean(state: TrainState, tasks_and_keys: PyTree):
         total = jnp.asarray(meta_steps, jnp.int32)
@@ -147,14 +145,14 @@ def make_meta_train_step(
         def mean_loss(meta_params):
             def one_loss(task_and_key):
                 task, task_key = task_and_key
-                returned = learner.task_loss(meta_params, task, task_context(task_key))
+                returned = task_loss(meta_params, task, task_context(task_key))
                 check_task_loss_output(returned)
                 return returned
 
             losses, aux = jax.vmap(one_loss)(tasks_and_keys)
             return jnp.mean(losses), aux
 
-        if one_pass and strategy == "vmap":
+        if task_loss is not None and strategy == "vmap":
             # One backward pass for the meta-batch: XLA merges the tasks' products with the
             # shared meta-parameters, where a mean of per-task gradients keeps one per task.
             grads, aux = jax.grad(mean_loss, has_aux=True)(state.meta_params)
@@ -227,8 +225,8 @@ def check_task_loss_output(returned: Any) -> None:
         return
     raise ValueError(
         "the algorithm's task_loss must return (scalar loss, Aux(model_state, metrics)): the "
-        "loss whose gradient its task_grad returns (metalearn.algorithms.base.query_gradient "
-        "builds both); see docs/extending.md"
+        "loss whose gradient its task_grad = gradient_of(task_loss) returns "
+        "(metalearn.algorithms.base); see docs/extending.md"
     )
 
 

@@ -280,8 +280,8 @@ def test_label_smoothing_of_the_training_loss_equals_its_formula():
         return jnp.where(present, task.query[0] @ meta["w"], -jnp.inf), {}, {}
 
     eps = 0.1
-    grad_fn, evaluate, _ = query_classifier(logits_and_state, label_smoothing=eps)
-    plain_grad, plain_evaluate, _ = query_classifier(logits_and_state)
+    grad_fn, evaluate = query_classifier(logits_and_state, label_smoothing=eps)
+    plain_grad, plain_evaluate = query_classifier(logits_and_state)
     with jax.enable_x64(True):
         task = Task((jnp.zeros((4, 1)), jnp.arange(4)), (jnp.asarray(x), jnp.asarray(labels)))
         meta = {"w": jnp.asarray(w)}

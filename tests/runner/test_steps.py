@@ -65,8 +65,8 @@ def test_every_task_batching_gives_the_same_meta_step(conv):
 
 
 def tiny_experiment(algorithm: str):
-    """A learner with ``task_loss``, its model and family: sinusoid for the inner-loop
-    learners, toy episodes and a 4-filter Conv4 for the solved heads."""
+    """A learner whose ``task_grad`` is a loss's gradient, its model and family: sinusoid for
+    the inner-loop learners, toy episodes and a 4-filter Conv4 for the solved heads."""
     from metalearn import algorithms
     from metalearn.data.sinusoid import sinusoid
     from metalearn.models.base import ModelParts
@@ -94,21 +94,26 @@ LOSS_LEARNERS = ["maml", "meta_sgd", "anil", "boil", "cavia", "protonet", "r2d2"
 
 @pytest.mark.parametrize("algorithm", LOSS_LEARNERS)
 def test_the_gradient_of_the_mean_loss_is_the_mean_of_the_task_gradients(algorithm):
-    """Under vmap a learner with ``task_loss`` is differentiated once for the meta-batch; its
-    update, model state and metrics equal those of averaging ``task_grad`` over the tasks."""
+    """Under vmap a learner whose ``task_grad`` carries its loss (``gradient_of``) is
+    differentiated once for the meta-batch; its update, model state and metrics equal those of
+    averaging ``task_grad`` over the tasks."""
     from metalearn.runner.steps import init_train_state, sample_tasks
 
     family, model, learner = tiny_experiment(algorithm)
-    assert learner.task_grad.loss is learner.task_loss is not None
+    assert callable(learner.task_grad.loss)  # made by gradient_of
     optimizer = optax.sgd(1.0)  # the update is the meta-gradient itself
     state = init_train_state(learner, model, optimizer, jax.random.key(0))
     tasks = sample_tasks(family, family.splits["train"], jax.random.key(1), 8, 2)
-    results = []
-    for one in (learner, learner._replace(task_loss=None)):
+    # The same task_grad without the loss it carries: averaged over the tasks.
+    without_its_loss = learner._replace(task_grad=lambda *args: learner.task_grad(*args))
+    results, programs = [], []
+    for one in (learner, without_its_loss):
         step = make_meta_train_step(
             one, optimizer, meta_steps=10, strategy="vmap", key=jax.random.key(2)
         )
         results.append(jax.jit(step)(state, tasks))
+        programs.append(str(jax.make_jaxpr(step)(state, tasks)))
+    assert programs[0] != programs[1]  # two ways of computing it, not one twice
     (once, once_metrics), (averaged, averaged_metrics) = results
     moves = [
         jax.tree_util.tree_map(jnp.subtract, new.meta_params, state.meta_params)
@@ -139,7 +144,7 @@ def test_a_task_loss_that_is_not_a_scalar_and_aux_is_refused():
     def per_point(params, task, ctx):
         return task.query[1] * 0, None
 
-    per_point = learner._replace(task_grad=gradient_of(per_point), task_loss=per_point)
+    per_point = learner._replace(task_grad=gradient_of(per_point))
     optimizer = optax.sgd(1.0)
     state = init_train_state(per_point, model, optimizer, jax.random.key(0))
     step = make_meta_train_step(
