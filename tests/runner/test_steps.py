@@ -141,14 +141,14 @@ def test_a_task_loss_that_is_not_a_scalar_and_aux_is_refused():
     model = model_from_flax(MLP((8,), 1), (1,))
     learner = maml(family_objective(family, model))
 
-    def per_point(params, task, ctx):
+    def per_point_loss(params, task, ctx):  # one loss per query point, not a scalar
         return task.query[1] * 0, None
 
-    per_point = learner._replace(task_grad=gradient_of(per_point))
+    refused = learner._replace(task_grad=gradient_of(per_point_loss))
     optimizer = optax.sgd(1.0)
-    state = init_train_state(per_point, model, optimizer, jax.random.key(0))
+    state = init_train_state(refused, model, optimizer, jax.random.key(0))
     step = make_meta_train_step(
-        per_point, optimizer, meta_steps=10, strategy="vmap", key=jax.random.key(2)
+        refused, optimizer, meta_steps=10, strategy="vmap", key=jax.random.key(2)
     )
     with pytest.raises(ValueError, match=r"task_loss must return \(scalar loss, Aux"):
         step(state, sample_tasks(family, {}, jax.random.key(1), 2, 5))
