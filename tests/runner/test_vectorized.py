@@ -207,7 +207,10 @@ def test_a_rerun_trains_only_the_runs_not_finished_and_refusals_hold_per_run(tmp
     assert "sweep: 2 of 3 job(s) succeeded" in again.stderr
 
 
+# 400 steps, a checkpoint and a validation every 20 (the tiny preset validates every 2 steps:
+# 200 validations would be most of the sweep's time).
 LONG = ["trainer.meta_steps=400", "trainer.checkpoint_every=20", "trainer.log_every=20"]
+LONG += ["trainer.eval_every=20"]
 
 
 def start_sweep(sweep_dir: Path) -> subprocess.Popen:
