@@ -15,7 +15,6 @@ from typing import Any
 
 from metalearn import cli
 from metalearn.config import check_group_choices, to_objects
-from metalearn.config.compose import group_options
 from metalearn.registry import selected_parts
 from metalearn.runner.cpu_backend import prepare_machine
 from metalearn.runner.layout import resume_hint
@@ -38,7 +37,7 @@ def run_vectorized(jobs: Sequence[Any], sweep_dir: str, max_runs: int) -> list[f
     configs: dict[int, Any] = {}
     for i, job in enumerate(jobs):
         try:
-            check_group_choices(job.choices, group_options())
+            check_group_choices(job.choices)
             configs[i] = to_objects(job.config)
         except Exception as err:
             _record_failure(job, err, sweep_dir)

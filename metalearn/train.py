@@ -23,7 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from metalearn import cli
 from metalearn.config import check_group_choices, register_configs, to_objects
-from metalearn.config.compose import composition_error_message, group_options, selectable
+from metalearn.config.compose import composition_error_message, selectable
 from metalearn.registry import PluginError, load_plugins, selected_parts
 from metalearn.runner.cpu_backend import prepare_machine
 from metalearn.runner.layout import resume_hint
@@ -55,7 +55,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
         log.info("job %s of the sweep in %s", os.path.basename(workdir), sweep_dir)
     try:
         load_plugins()  # again in a job of its own process (a submitit launcher's)
-        check_group_choices(hydra_cfg.runtime.choices, group_options())
+        check_group_choices(hydra_cfg.runtime.choices)
         config = to_objects(cfg)
         prepare_machine(config)  # before any computation
         files = cli.command_line_record(cfg)

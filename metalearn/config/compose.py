@@ -101,8 +101,11 @@ def group_options() -> dict[str, list[str]]:
     return {g: loader.get_group_options(g) for g in GROUPS}
 
 
-def check_group_choices(choices: Mapping[str, Any], options: Mapping[str, Sequence[str]]) -> None:
-    """Refuse a group choice (Hydra's ``runtime.choices``) that is an internal schema entry.
+def check_group_choices(
+    choices: Mapping[str, Any], options: Mapping[str, Sequence[str]] | None = None
+) -> None:
+    """Refuse a group choice (Hydra's ``runtime.choices``) that is an internal schema entry;
+    ``options`` for the message, :func:`group_options` by default (read only to refuse).
 
     >>> check_group_choices({"algorithm": "maml_schema"}, {"algorithm": ["maml", "maml_schema"]})
     Traceback (most recent call last):
@@ -112,7 +115,8 @@ def check_group_choices(choices: Mapping[str, Any], options: Mapping[str, Sequen
     for group in GROUPS:
         choice = choices.get(group)
         if choice and str(choice).endswith(SCHEMA_SUFFIX):
-            public = [o for o in options.get(group, []) if not o.endswith(SCHEMA_SUFFIX)]
+            listed = (group_options() if options is None else options).get(group, [])
+            public = [o for o in listed if not o.endswith(SCHEMA_SUFFIX)]
             raise ValueError(
                 f"{group}={choice} is an internal schema entry, not an option; "
                 f"use one of: {', '.join(public)}"

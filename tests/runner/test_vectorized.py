@@ -207,6 +207,20 @@ def test_a_rerun_trains_only_the_runs_not_finished_and_refusals_hold_per_run(tmp
     assert "sweep: 2 of 3 job(s) succeeded" in again.stderr
 
 
+def test_a_job_choosing_a_schema_entry_is_refused_and_the_others_train(tmp_path):
+    # The message lists a group's options, read from Hydra only when a job is refused.
+    result = run_in_process(
+        "-m", *TINY, "algorithm=maml,maml_schema", VECTORIZED, f"hydra.sweep.dir={tmp_path}"
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    status = json.loads((tmp_path / "1_algorithm=maml_schema" / "status.json").read_text())
+    assert status["status"] == "failed" and status["exit_code"] == 2, status
+    head, options = status["message"].split("use one of: ")
+    assert head == "error: algorithm=maml_schema is an internal schema entry, not an option; "
+    assert "maml" in options.split(", ") and "_schema" not in options
+    assert json.loads((tmp_path / "0_algorithm=maml" / "status.json").read_text())["status"] == "ok"
+
+
 # 400 steps, a checkpoint and a validation every 20 (the tiny preset validates every 2 steps:
 # 200 validations would be most of the sweep's time).
 LONG = ["trainer.meta_steps=400", "trainer.checkpoint_every=20", "trainer.log_every=20"]
