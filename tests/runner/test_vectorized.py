@@ -22,7 +22,7 @@ from metalearn.config import to_objects
 from metalearn.runner.run import Runner
 from metalearn.runner.rundir import RunDirectory
 from metalearn.runner.steps import run_of
-from tests.cli import RL_TINY, TINY, checkout_env, communicated, run_cli, run_in_process, run_tool
+from tests.cli import RL_TINY, TINY, checkout_env, communicated, run_in_process, run_tool
 from tests.conftest import compose_config, experiment_of, restore_latest_state
 from tests.data.test_task_registry import IMAGE_SHAPES, fake_data_source
 from tests.test_experiments import tiny_overrides
@@ -107,7 +107,8 @@ def mocked_images(case: str):
 
 
 def sweep(sweep_dir: Path, *overrides: str, launcher: str = VECTORIZED):
-    return run_cli("-m", *TINY, *overrides, launcher, f"hydra.sweep.dir={sweep_dir}")
+    """A sweep in this process (the kill tests below start the launcher as a process)."""
+    return run_in_process("-m", *TINY, *overrides, launcher, f"hydra.sweep.dir={sweep_dir}")
 
 
 def test_a_group_of_one_is_the_run_of_the_basic_launcher_bit_for_bit(tmp_path):
