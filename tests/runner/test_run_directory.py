@@ -18,19 +18,26 @@ import pytest
 
 from metalearn.runner.checkpoints import CheckpointStore
 from metalearn.runner.rundir import differences
-from tests.cli import RL_TINY, checkout_env, communicated, finished
+from tests.cli import RL_TINY, checkout_env, communicated, finished, run_in_process
 from tests.conftest import restore_latest_state, runner_of
 
 TINY = ["+experiment=sinusoid_maml", "+debug=tiny"]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def cli(module: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def cli(
+    module: str, *args: str, timeout: int = 300, here: bool = False
+) -> subprocess.CompletedProcess:
+    """``python -m module args...`` as a process: a refusal's whole output, to its exit, is one
+    line. ``here``: in this process, for a call whose exit status, files and messages are all
+    that is checked."""
+    if here:
+        return run_in_process(*args, module=module)
     return finished([sys.executable, "-m", module, *args], timeout, cwd=ROOT, env=checkout_env())
 
 
-def train(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
-    return cli("metalearn.train", *TINY, f"hydra.run.dir={run_dir}", *overrides)
+def train(run_dir: Path, *overrides: str, here: bool = False) -> subprocess.CompletedProcess:
+    return cli("metalearn.train", *TINY, f"hydra.run.dir={run_dir}", *overrides, here=here)
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +98,7 @@ def test_rerun_with_another_config_is_refused_before_anything_is_written(run_cop
     # would have put back the copy under checkpoints/hydra, without the line added above (the
     # callback had stopped checking when to_objects began refusing the hydra section).
     # The original run can still be evaluated from its own config.yaml.
-    evaluated = cli("metalearn.evaluate", str(run_copy), "eval.num_tasks=2")
+    evaluated = cli("metalearn.evaluate", str(run_copy), "eval.num_tasks=2", here=True)
     assert evaluated.returncode == 0, evaluated.stderr
     assert "evaluated the best checkpoint (step" in evaluated.stdout
 
@@ -114,7 +121,7 @@ def test_a_refused_value_leaves_the_run_directory_as_it_was(run_copy, overrides)
     before = snapshot(run_copy)
     one_line_error(train(run_copy, *overrides), "must be")
     assert snapshot(run_copy) == before
-    resumed = train(run_copy)
+    resumed = train(run_copy, here=True)
     assert resumed.returncode == 0, resumed.stderr
 
 
@@ -186,14 +193,14 @@ def test_the_advised_allowed_changes_resume_a_run_whose_algorithm_drops_settings
     # started, against the config it had just recorded, and refused those keys as "not a
     # setting", so the advice could never be followed (the same command, rerun, too).
     run_dir = tmp_path / "run"
-    assert train(run_dir, "algorithm=reptile").returncode == 0
+    assert train(run_dir, "algorithm=reptile", here=True).returncode == 0
     maml = ["algorithm=maml", "trainer.meta_steps=6"]
     advice = one_line_error(train(run_dir, *maml), "different config", "algorithm.adam_b1")
     allow = advice.split("accept the change with ")[1].strip("'")
-    resumed = train(run_dir, *maml, allow)
+    resumed = train(run_dir, *maml, allow, here=True)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from step 4" in resumed.stdout + resumed.stderr
-    again = train(run_dir, *maml, allow)  # the same command line, on the finished run
+    again = train(run_dir, *maml, allow, here=True)  # the same command line, on the finished run
     assert again.returncode == 0, again.stderr[-3000:]
 
 
@@ -247,7 +254,9 @@ def test_an_allowed_change_resumes_and_is_recorded(run_copy):
     one_line_error(
         refused, "trainer.meta_steps 4 -> 6", "trainer.allow_changes=[trainer.meta_steps]"
     )
-    result = train(run_copy, "trainer.meta_steps=6", "trainer.allow_changes=[trainer.meta_steps]")
+    result = train(
+        run_copy, "trainer.meta_steps=6", "trainer.allow_changes=[trainer.meta_steps]", here=True
+    )
     assert result.returncode == 0, result.stderr
     assert "resumed from step 4" in result.stdout
     assert CheckpointStore(str(run_copy / "checkpoints"), 2).latest_step() == 6
@@ -261,7 +270,9 @@ def test_a_damaged_history_of_changes_is_dropped_not_fatal(run_copy, changes):
     # A TypeError escaped from recording a resumed run whose record listed changes as a number.
     path = run_copy / "checkpoints" / "config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "changes": changes}))
-    result = train(run_copy, "trainer.meta_steps=6", "trainer.allow_changes=[trainer.meta_steps]")
+    result = train(
+        run_copy, "trainer.meta_steps=6", "trainer.allow_changes=[trainer.meta_steps]", here=True
+    )
     assert result.returncode == 0, result.stderr
     record = json.loads(path.read_text())
     assert record["changes"] == [{"from_step": 4, "changed": {"trainer.meta_steps": [4, 6]}}]
@@ -274,7 +285,9 @@ def test_unreadable_metrics_lines_are_set_aside_with_a_warning(run_copy):
     damaged = '{"step": 2, "split": "tr\n'
     lines[1] = damaged
     metrics.write_text("".join(lines) + '{"step": 4, "spl')  # and a half-written last line
-    result = train(run_copy, "trainer.meta_steps=6", "trainer.allow_changes=[trainer.meta_steps]")
+    result = train(
+        run_copy, "trainer.meta_steps=6", "trainer.allow_changes=[trainer.meta_steps]", here=True
+    )
     assert result.returncode == 0, result.stderr
     output = result.stdout + result.stderr
     assert f"{metrics}: 1 unreadable line(s) (line 2) moved to {metrics}.unreadable" in output
@@ -288,7 +301,7 @@ def test_evaluate_without_config_yaml_reads_the_copy_kept_with_the_checkpoints(r
     # "config.yaml not found: is DIR a metalearn run directory?", though the copy was there.
     (run_copy / "config.yaml").unlink()
     copy = run_copy / "checkpoints" / "hydra" / "config.yaml"
-    result = cli("metalearn.evaluate", str(run_copy), "eval.num_tasks=2")
+    result = cli("metalearn.evaluate", str(run_copy), "eval.num_tasks=2", here=True)
     assert result.returncode == 0, result.stderr
     assert f"not found: reading the run's Hydra config, {copy}" in result.stderr
     assert "evaluated the best checkpoint" in result.stdout
@@ -321,7 +334,7 @@ def test_a_damaged_config_record_still_refuses_another_config(run_copy, damage):
     one_line_error(train(run_copy, "seed=5"), "different config", "seed 0 -> 5")
     assert snapshot(run_copy) == before  # .hydra/ included
     # Its own settings resume it, and the record is written again.
-    result = train(run_copy)
+    result = train(run_copy, here=True)
     assert result.returncode == 0, result.stderr
     assert json.loads(record.read_text())["config"]["seed"] == 0
 
@@ -354,7 +367,7 @@ def test_a_change_of_parameter_shapes_is_refused_and_moves_nothing(run_copy):
     assert {k: v for k, v in snapshot(run_copy).items() if k in before} == before
     assert not any("damaged" in k for k in snapshot(run_copy))
     # The run's own settings still resume it, with no trainer.allow_changes for the model.
-    result = train(run_copy, *allowed)
+    result = train(run_copy, *allowed, here=True)
     assert result.returncode == 0 and "resumed from step 4" in result.stdout, result.stderr
 
 
@@ -368,6 +381,7 @@ def test_resume_false_in_a_run_directory_is_refused(run_copy):
 
 def test_evaluate_without_best_names_the_latest_checkpoint(run_copy):
     shutil.rmtree(run_copy / "best")
+    # a process: its warning is logged, with no handler but Python's last resort (stderr)
     result = cli("metalearn.evaluate", str(run_copy), "eval.num_tasks=2")
     assert result.returncode == 0, result.stderr
     assert "no intact best-on-validation checkpoint" in result.stdout + result.stderr
@@ -475,12 +489,12 @@ def test_evaluate_records_its_overrides_and_says_what_it_replaces(run_copy):
     # The file was replaced silently, and its records did not say which overrides made them.
     out = run_copy / "eval_best.json"
     out.write_text(json.dumps([{"metric": "loss", "checkpoint": "best"}]))  # an older file
-    first = cli("metalearn.evaluate", str(run_copy), "eval.num_tasks=2")
+    first = cli("metalearn.evaluate", str(run_copy), "eval.num_tasks=2", here=True)
     assert first.returncode == 0, first.stderr
     assert f"{out} will be replaced; its overrides are not recorded" in first.stderr
     assert {tuple(r["overrides"]) for r in json.loads(out.read_text())} == {("eval.num_tasks=2",)}
     again = ["eval.num_tasks=3", "eval.steps=[0,1]"]
-    second = cli("metalearn.evaluate", str(run_copy), *again)
+    second = cli("metalearn.evaluate", str(run_copy), *again, here=True)
     assert second.returncode == 0, second.stderr
     assert (
         f"{out} was made with other overrides (eval.num_tasks=2): it will be replaced (now: "
@@ -488,12 +502,14 @@ def test_evaluate_records_its_overrides_and_says_what_it_replaces(run_copy):
     ) in second.stderr
     records = json.loads(out.read_text())
     assert {tuple(r["overrides"]) for r in records} == {("eval.num_tasks=3", "eval.steps=[0,1]")}
-    same = cli("metalearn.evaluate", str(run_copy), *again)
+    same = cli("metalearn.evaluate", str(run_copy), *again, here=True)
     assert same.returncode == 0 and "will be replaced" not in same.stderr, same.stderr
 
 
 def test_evaluate_of_the_initialisation_and_ctrl_c(run_copy):
-    result = cli("metalearn.evaluate", str(run_copy), "--which", "init", "eval.num_tasks=2")
+    result = cli(
+        "metalearn.evaluate", str(run_copy), "--which", "init", "eval.num_tasks=2", here=True
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads((run_copy / "eval_init.json").read_text())[0]["checkpoint"] == "init"
     proc = subprocess.Popen(
@@ -539,7 +555,7 @@ def test_a_run_stopped_before_its_first_checkpoint_is_not_taken_over_by_another_
     )
     assert snapshot(run_dir) == before
     # Its own config starts it again from step 0.
-    result = train(run_dir)
+    result = train(run_dir, here=True)
     assert result.returncode == 0, result.stderr
     assert (run_dir / "eval.json").exists()
 
@@ -583,7 +599,7 @@ def test_a_run_or_sweep_inside_another_runs_checkpoint_store_is_refused(run_copy
     one_line_error(swept, "hydra.sweep.dir=", f"lies inside {run_copy / store}")
     assert snapshot(run_copy) == before
     assert not inner.exists() and not (run_copy / store / "sweep").exists()
-    resumed = train(run_copy)
+    resumed = train(run_copy, here=True)
     assert resumed.returncode == 0, resumed.stderr
     assert not (run_copy / "checkpoints" / "damaged").exists()
 
@@ -668,7 +684,7 @@ def test_a_run_file_of_the_wrong_kind_is_refused_before_anything_is_written(run_
 def test_an_unreadable_summary_is_kept_aside_when_a_rerun_writes_its_own(run_copy):
     # It was replaced without a word, and with it the times of the processes it listed.
     (run_copy / "summary.json").write_text('{"wall_seconds": 12.5, "earlier_proc')
-    result = train(run_copy)
+    result = train(run_copy, here=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "summary.json could not be read (JSONDecodeError" in result.stdout + result.stderr
     kept = run_copy / "summary.json.unreadable"
