@@ -137,7 +137,10 @@ def plain_sinusoid_call(experiments, steps: int):
     import jax
     import jax.numpy as jnp
     import optax
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from metalearn.runner.devices import RUNS_AXIS, runs_mesh
+    from metalearn.runner.steps import stack
 
     cfg = experiments[0].plan.config
     (low_a, high_a), (low_p, high_p) = cfg.data.amplitude_range, cfg.data.phase_range
@@ -179,18 +182,16 @@ def plain_sinusoid_call(experiments, steps: int):
     def run(carry):
         return jax.lax.scan(meta_step, carry, None, length=steps)[0]
 
-    params = jax.tree_util.tree_map(
-        lambda *leaves: jnp.stack(leaves), *[e.initial_state.meta_params for e in experiments]
-    )
+    params = stack([e.initial_state.meta_params for e in experiments])
     state = (
         params,
         jax.vmap(adam.init)(params),
         jnp.zeros(len(experiments), jnp.int32),
-        jnp.stack([e.hyper.train_key for e in experiments]),
+        stack([e.hyper.train_key for e in experiments]),
     )
-    if jax.device_count() > 1 and len(experiments) % jax.device_count() == 0:
-        sharding = NamedSharding(Mesh(jax.devices(), ("runs",)), PartitionSpec("runs"))
-        state = jax.device_put(state, sharding)
+    mesh = runs_mesh(len(experiments))  # the runner's split of the runs over the devices
+    if mesh is not None:
+        state = jax.device_put(state, NamedSharding(mesh, PartitionSpec(RUNS_AXIS)))
     return jax.jit(jax.vmap(run), donate_argnums=0), state
 
 
