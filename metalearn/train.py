@@ -37,8 +37,8 @@ _task_started = False  # set once Hydra has composed the config and calls main()
 
 # A sweep job in a process of its own (submitit) resolves its config with these resolvers.
 register_configs()
-# Orbax (through absl), JAX's backend probe and torch (via tensorboardX) log noise at INFO.
-for _name in ("absl", "jax._src.xla_bridge", "torch"):
+# Orbax (through absl) and JAX's backend probe log noise at INFO.
+for _name in ("absl", "jax._src.xla_bridge"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 
 

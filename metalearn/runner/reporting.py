@@ -15,6 +15,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from metalearn.errors import one_line
+from metalearn.runner.events import EventFile
 from metalearn.runner.rundir import write_atomically
 
 log = logging.getLogger("metalearn")
@@ -59,20 +60,16 @@ class MetricsWriter:
         )
 
     def _rewrite(self, lines: list[str]) -> None:
-        """Write ``lines`` as ``metrics.jsonl`` and into a new event file, replacing the others
-        (not by ``SummaryWriter``, which writes from a thread its ``flush`` does not wait for)."""
-        # Imported here: tensorboardX imports torch when installed (about 1 s).
-        from tensorboardX.event_file_writer import EventsWriter
-
+        """Write ``lines`` as ``metrics.jsonl`` and into a new event file, replacing the others."""
         if self._file is not None:
             self.close()
         write_atomically(self.path, "".join(lines))
         self._file = open(self.path, "a")  # noqa: SIM115  (closed in close())
         earlier = glob.glob(os.path.join(glob.escape(self._tb_dir), "events.out.tfevents.*"))
         os.makedirs(self._tb_dir, exist_ok=True)
-        # A name of its own: tensorboardX names files by the second (two would be one).
+        # A name of its own: event files are named by the second (two would be one).
         suffix = f".{uuid.uuid4().hex[:12]}"
-        self._tb = EventsWriter(os.path.join(self._tb_dir, "events"), suffix)
+        self._tb = EventFile(os.path.join(self._tb_dir, "events"), suffix)
         for line in lines:
             self._add_scalars(json.loads(line))
         self._tb.flush()
@@ -94,17 +91,13 @@ class MetricsWriter:
         self._tb.flush()
 
     def _add_scalars(self, record: dict) -> None:
-        from tensorboardX.proto.event_pb2 import Event
-        from tensorboardX.summary import scalar
-
         scalars = [(k, v) for k, v in record.items() if isinstance(v, (int, float)) and k != "step"]
         for entry in record.get("eval", []):
             tag = f"{record['split']}/{entry['metric']}/shots{entry['shots']}_steps{entry['steps']}"
             mean = entry["mean"]  # None when every task is non-finite: NaN in TensorBoard
             scalars.append((tag, float("nan") if mean is None else mean))
         for tag, value in scalars:
-            event = Event(wall_time=time.time(), step=record["step"], summary=scalar(tag, value))
-            self._tb.write_event(event)
+            self._tb.add_scalar(tag, step=record["step"], value=value)
 
     def close(self) -> None:
         if self.enabled:

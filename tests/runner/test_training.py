@@ -195,8 +195,8 @@ def test_a_resumed_run_logs_the_averages_of_an_uninterrupted_one(tmp_path):
     proc = start_training(overrides)
     lines = []
     for line in proc.stdout:  # the first compiled call (inside the training loop); then a moment
-        lines.append(line)  # (the start-up line came before the writer, whose import of
-        if "compiled 10 fused meta-step(s)" in line:  # tensorboardX and torch can take 2 s)
+        lines.append(line)
+        if "compiled 10 fused meta-step(s)" in line:
             break
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
