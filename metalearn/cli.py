@@ -241,7 +241,7 @@ def failure_of(err: BaseException, workdir: str, hint: str, selected: dict) -> F
         if out_of_memory:
             return Failure(f"error: {out_of_memory}")
         no_space = no_space_message(err, workdir, hint)
-        if no_space:  # TensorBoard's exit handler would flush into the full disk again: skip it
+        if no_space:  # writes still buffered would fail again at exit, each noisily: skip it
             return Failure(f"error: {no_space}", exit_now=True)
         in_user_code = user_code_error(err, selected)
         if not in_user_code:
