@@ -1,7 +1,7 @@
 """TensorFlow Datasets (and TensorFlow) and PIL are imported only when an image dataset is built:
-never by ``import metalearn``, the algorithms, the runner, or a whole sinusoid run. tensorboardX
-and torch never (a run writes its event files itself: tensorboardX imports torch when it is
-installed, 1.5 s of every run's start)."""
+never by ``import metalearn``, the algorithms, the runner, or a whole sinusoid run. orbax only
+when a run first touches a checkpoint. tensorboardX and torch never (a run writes its event files
+itself: tensorboardX imports torch when it is installed, 1.5 s of every run's start)."""
 
 import sys
 import textwrap
@@ -35,11 +35,12 @@ for name in {names!r}:
 """
 
 
-def test_importing_the_library_imports_no_tfds(tmp_path):
+def test_importing_the_library_imports_no_tfds_and_no_orbax(tmp_path):
+    # orbax (0.2 s) comes with the first checkpoint: a refused command line answers without it.
     code = (
         "import metalearn, metalearn.algorithms, metalearn.data, metalearn.models\n"
         "import metalearn.config, metalearn.train, metalearn.evaluate, metalearn.runner.loop\n"
-        + report()
+        + report(HEAVY + ("orbax.checkpoint",))
     )
     assert loaded(run_python(code, tmp_path)) == []
 

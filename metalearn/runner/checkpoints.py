@@ -17,8 +17,6 @@ from typing import Any
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
-from etils import epath
 from jax.tree_util import tree_leaves_with_path
 
 from metalearn.runner.rundir import write_atomically
@@ -30,6 +28,14 @@ CHECKSUMMED = "checksummed"
 DAMAGED = "damaged"
 DRAIN_SECONDS = 30.0  # how long a failed restore's other reads may take to end
 log = logging.getLogger("metalearn")
+
+
+def _orbax() -> Any:
+    """``orbax.checkpoint``, imported where a checkpoint is first touched: every process that
+    imports the runner would pay its 0.2 s, a refused command line among them."""
+    import orbax.checkpoint as ocp
+
+    return ocp
 
 
 def file_digests(directory: str) -> dict[str, str]:
@@ -77,8 +83,10 @@ def _names(path: tuple) -> tuple[str, ...]:
 def stored_mismatch(state_dir: str, template: PyTree) -> str | None:
     """How the arrays saved in ``state_dir`` differ from ``template``'s (None if they fit), from
     the metadata alone: no read starts for a template that cannot fit."""
+    from etils import epath
+
     try:
-        metadata = ocp.StandardCheckpointHandler().metadata(epath.Path(state_dir))
+        metadata = _orbax().StandardCheckpointHandler().metadata(epath.Path(state_dir))
     except Exception:  # noqa: BLE001 - unreadable metadata: the restore reports the damage
         return None
     tree = getattr(metadata, "item_metadata", metadata)
@@ -178,6 +186,7 @@ class CheckpointStore:
     """Save and restore ``(state pytree, JSON metadata)`` pairs under one directory."""
 
     def __init__(self, directory: str, max_to_keep: int, primary: bool = True):
+        ocp = _orbax()
         self.directory = os.path.abspath(directory)
         self.primary = primary
         if primary and os.path.isdir(self.directory):  # orbax removes them, says nothing
@@ -204,6 +213,7 @@ class CheckpointStore:
         if self.primary and not checksummed(self.directory):
             marker = "every checkpoint here has a checksums.sha256 manifest\n"
             write_atomically(os.path.join(self.directory, CHECKSUMMED), marker)
+        ocp = _orbax()
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state), metadata=ocp.args.JsonSave(metadata)
         )
@@ -218,6 +228,7 @@ class CheckpointStore:
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        ocp = _orbax()
         abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, template)
         args = ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract), metadata=ocp.args.JsonRestore()
