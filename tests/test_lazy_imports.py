@@ -35,21 +35,20 @@ for name in {names!r}:
 """
 
 
-def test_importing_the_library_imports_no_tfds_and_no_orbax(tmp_path):
-    # orbax (0.2 s) comes with the first checkpoint: a refused command line answers without it.
+def test_importing_the_library_imports_no_tfds_orbax_or_torch(tmp_path):
+    # A refused command line answers without their import time (orbax's 0.2 s comes with the
+    # first checkpoint).
     code = (
         "import metalearn, metalearn.algorithms, metalearn.data, metalearn.models\n"
         "import metalearn.config, metalearn.train, metalearn.evaluate, metalearn.runner.loop\n"
-        + report(HEAVY + ("orbax.checkpoint",))
+        "import metalearn.sweep\n" + report(HEAVY + NEVER + ("orbax.checkpoint",))
     )
     assert loaded(run_python(code, tmp_path)) == []
 
 
 def test_a_sinusoid_run_imports_no_tfds_and_no_torch(tmp_path):
-    # Nor do the entry points (a config error or an evaluation answers without torch's import).
     code = f"""
     import runpy, sys
-    import metalearn.evaluate, metalearn.sweep
     sys.argv = ["train", "+experiment=sinusoid_maml", "+debug=tiny",
                 "hydra.run.dir={tmp_path / "run"}"]
     try:
