@@ -199,9 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     base = args.workdir or Path(tempfile.mkdtemp(prefix="fault-campaign-"))
     base.mkdir(parents=True, exist_ok=True)
-    # One compilation cache for every run of the campaign: restarts stay short.
+    # One compilation cache for every run of the campaign (the runner stores every program in
+    # it): restarts stay short.
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(base / "jax-cache"))
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     rng = random.Random(args.seed)
     reference = base / "reference"
     shutil.rmtree(reference, ignore_errors=True)
