@@ -198,7 +198,10 @@ def test_a_rate_passed_as_data_is_the_rate_the_learner_is_built_with(name):
 OUTER = {"reptile": optax.sgd(1.0)}  # epsilon = 1 on the meta-batch mean (Nichol et al.)
 OVERRIDES = {
     "mamlpp": {"inner_steps": 2},  # compile time; annealing and LSLR stay on
-    "metaoptnet_svm": {"max_ways": WAYS},  # the dual for the tasks' ways, not 25 classes
+    # The dual for the tasks' ways, not 25 classes, solved to 1e-4: the default 1e-6 doubles
+    # the test's time (31 s against 15 s alone) for the same losses and accuracies; the solver's
+    # tolerances are checked in test_metaoptnet.py.
+    "metaoptnet_svm": {"max_ways": WAYS, "tolerance": 1e-4},
 }
 
 

@@ -97,9 +97,10 @@ def test_two_processes_on_localhost_train_like_one(tmp_path):
     assert (tmp_path / "two" / "eval.json").exists()
 
 
-# Long enough to signal one process while the pair trains: 1000 meta-steps, 5 per call.
-LONGER = ["trainer.meta_steps=1000", "trainer.steps_per_call=5", "trainer.log_every=50"]
-LONGER += ["trainer.checkpoint_every=1000", "trainer.eval_every=0"]
+# Long enough to signal one process while the pair trains, past step 200: 600 meta-steps, 5 per
+# call (a step of the pair takes about 8 ms alone, so a stop lands 300 steps before the end).
+LONGER = ["trainer.meta_steps=600", "trainer.steps_per_call=5", "trainer.log_every=50"]
+LONGER += ["trainer.checkpoint_every=600", "trainer.eval_every=0"]
 
 
 def distributed_pair(run_dir) -> list[subprocess.Popen]:
