@@ -105,7 +105,7 @@ def test_a_second_run_reuses_the_compilation_cache(tmp_path):
     # JAX logs each persistent-cache lookup (hit or miss) as a warning under these two flags,
     # into the run's log. Without the suite's own threshold: the runner's setting is checked.
     logged = {**os.environ, "JAX_LOG_COMPILES": "1", "JAX_EXPLAIN_CACHE_MISSES": "1"}
-    del logged["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]
+    logged.pop("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", None)
     first = run_cli(*common, f"hydra.run.dir={tmp_path / 'a'}", env=logged)
     assert first.returncode == 0, first.stderr[-4000:]
     entries = sorted(os.listdir(cache))
