@@ -42,7 +42,8 @@ def block(cin: int, filters: int) -> int:
 )
 def test_shapes_and_parameter_count(kwargs, input_shape, ways, features):
     net = conv4(ways, Conv4Config(**kwargs))
-    variables = net.init(jax.random.key(0), jnp.zeros((1, *input_shape)))
+    # Shapes only: traced, not compiled.
+    variables = jax.eval_shape(net.init, jax.random.key(0), jnp.zeros((1, *input_shape)))
     assert set(variables) == {"params"}  # nothing mutable: batch statistics are not stored
     params = variables["params"]
     f, cin = kwargs["filters"], input_shape[-1]
@@ -52,9 +53,10 @@ def test_shapes_and_parameter_count(kwargs, input_shape, ways, features):
         f"norms_{i}" for i in range(4)
     ]
     assert params["head"]["kernel"].shape == (features, ways)
-    x = jax.random.uniform(jax.random.key(1), (7, *input_shape))
-    assert net.apply({"params": params}, x).shape == (7, ways)
-    assert net.apply({"params": params}, x, method="embed").shape == (7, features)
+    x = jax.ShapeDtypeStruct((7, *input_shape), jnp.float32)
+    assert jax.eval_shape(net.apply, {"params": params}, x).shape == (7, ways)
+    embedded = jax.eval_shape(functools.partial(net.apply, method="embed"), {"params": params}, x)
+    assert embedded.shape == (7, features)
 
 
 def test_omniglot_net_count_is_the_known_total():
@@ -96,7 +98,7 @@ def test_registered_and_wraps_as_a_pure_model_with_head_and_embed():
     objective = supervised_objective(model, "classification")
     x = jax.random.uniform(jax.random.key(1), (5, 28, 28, 1))
     y = jnp.arange(5)
-    grads = jax.grad(lambda p: objective.loss(p, state, None, (x, y))[0])(params)
+    grads = jax.jit(jax.grad(lambda p: objective.loss(p, state, None, (x, y))[0]))(params)
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree_util.tree_leaves(grads))
     assert model.embed(params, state, None, x)[0].shape == (5, 64)
     # Jitted and eager agree (the module is a pure function of params).
@@ -161,7 +163,7 @@ def test_im2col_and_xla_convolutions_compute_the_same_network(downsample):
         nets["xla"].apply({"params": params}, x),
         atol=1e-4,
     )
-    grads = {c: jax.grad(loss, 1)(c, params) for c in nets}
+    grads = {c: jax.jit(jax.grad(loss, 1), static_argnums=0)(c, params) for c in nets}
     for a, b in zip(*(jax.tree_util.tree_leaves(g) for g in grads.values()), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
 
@@ -281,7 +283,8 @@ def test_im2col_conv4_normalises_its_first_layer_through_the_patches(config, sha
         params = float64(nets["xla"].init(jax.random.key(1), x)["params"])
         assert first_layer_deferred(nets["im2col"], params, x) == [True, False, False, False]
         assert first_layer_deferred(nets["xla"], params, x) == [False] * 4
-        grads = {c: jax.grad(maml_meta_loss, 1)(n, params, x, y) for c, n in nets.items()}
+        meta_gradient = jax.jit(jax.grad(maml_meta_loss, 1), static_argnums=0)
+        grads = {c: meta_gradient(n, params, x, y) for c, n in nets.items()}
         for path, a in jax.tree_util.tree_leaves_with_path(grads["im2col"]):
             b = functools.reduce(lambda t, k: t[k.key], path, grads["xla"])
             np.testing.assert_allclose(a, b, rtol=1e-7, atol=1e-9, err_msg=str(path))
