@@ -121,9 +121,9 @@ def test_opposite_directions_share_the_physics():
 def test_ant_ends_when_the_torso_leaves_the_healthy_height():
     env = make_locomotion_env("ant_dir", horizon=STEPS)
     brax = brax_env("ant", DEFAULT_BACKEND)
-    state = env.reset(jax.random.key(0), jnp.array(1.0))
+    state = jax.jit(env.reset)(jax.random.key(0), jnp.array(1.0))
     q = state.pipeline_state.q.at[2].set(3.0)  # torso 3 m up: above the range [0.2, 1.0]
-    high = state._replace(pipeline_state=brax.pipeline_init(q, state.pipeline_state.qd))
+    high = state._replace(pipeline_state=jax.jit(brax.pipeline_init)(q, state.pipeline_state.qd))
     step = jax.jit(env.step)
     assert bool(step(high, jnp.zeros(8))[3])
     assert not bool(step(state, jnp.zeros(8))[3])
@@ -135,9 +135,9 @@ def test_a_step_into_a_non_finite_state_ends_the_episode_and_earns_nothing(name)
     # is the last of its episode and its reward is 0, not NaN.
     env = make_locomotion_env(name, horizon=STEPS)
     brax = brax_env(ROBOT[name], DEFAULT_BACKEND)
-    state = env.reset(jax.random.key(0), jnp.array(1.0))
+    state = jax.jit(env.reset)(jax.random.key(0), jnp.array(1.0))
     qd = state.pipeline_state.qd.at[0].set(jnp.nan)
-    broken = state._replace(pipeline_state=brax.pipeline_init(state.pipeline_state.q, qd))
+    broken = state._replace(pipeline_state=jax.jit(brax.pipeline_init)(state.pipeline_state.q, qd))
     _, obs, reward, done = jax.jit(env.step)(broken, jnp.zeros(env.action_dim))
     assert not np.all(np.isfinite(np.asarray(obs)))
     assert bool(done) and float(reward) == 0.0
