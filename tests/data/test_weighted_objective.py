@@ -56,23 +56,28 @@ def test_weighted_objective_is_the_mean_over_real_examples_of_present_classes(se
     task = padded_task(seed)
     m = model()
     objective = supervised_objective(m, "classification")
-    params, state = m.init(jax.random.key(seed))
+    params, state = jax.jit(m.init)(jax.random.key(seed))
     key = jax.random.key(9)
 
-    def by_slicing(p):  # independent: gather the real rows, keep the present classes' columns
-        real = strip(task.query)
-        present = np.unique(np.asarray(real.labels))
+    # independent: gather the real rows, keep the present classes' columns
+    real = strip(task.query)
+    present = np.unique(np.asarray(real.labels))
+    targets = np.searchsorted(present, np.asarray(real.labels))
+
+    def by_slicing(p):
         logits = m.apply(p, state, key, real.inputs, True)[0][:, present]
-        targets = np.searchsorted(present, np.asarray(real.labels))
         log_probs = jax.nn.log_softmax(logits, axis=-1)
         return -jnp.mean(log_probs[jnp.arange(len(targets)), targets]), jnp.mean(
             jnp.argmax(logits, -1) == targets
         )
 
-    (loss, aux), grads = jax.value_and_grad(objective.loss, has_aux=True)(
+    # compiled programs, not op by op
+    (loss, aux), grads = jax.jit(jax.value_and_grad(objective.loss, has_aux=True))(
         params, state, key, task.query
     )
-    (expected, accuracy), expected_grads = jax.value_and_grad(by_slicing, has_aux=True)(params)
+    (expected, accuracy), expected_grads = jax.jit(jax.value_and_grad(by_slicing, has_aux=True))(
+        params
+    )
     np.testing.assert_allclose(float(loss), float(expected), rtol=1e-5)
     np.testing.assert_allclose(float(aux.metrics["loss"]), float(expected), rtol=1e-5)
     np.testing.assert_allclose(float(aux.metrics["accuracy"]), float(accuracy))
@@ -83,15 +88,18 @@ def test_weighted_objective_is_the_mean_over_real_examples_of_present_classes(se
 def test_weighted_regression_is_the_mean_over_real_examples():
     m = model_from_flax(MLP((8,), 2), (3,))
     objective = supervised_objective(m, "regression")
-    params, state = m.init(jax.random.key(0))
+    params, state = jax.jit(m.init)(jax.random.key(0))
     x, y = (
         jax.random.normal(jax.random.key(1), (6, 3)),
         jax.random.normal(jax.random.key(2), (6, 2)),
     )
     weights = jnp.array([1.0, 0.0, 1.0, 1.0, 0.0, 1.0])
-    loss, aux = objective.loss(params, state, jax.random.key(3), WeightedBatch(x, y, weights))
+    loss, aux = jax.jit(objective.loss)(
+        params, state, jax.random.key(3), WeightedBatch(x, y, weights)
+    )
     keep = np.asarray(weights) > 0
-    outputs = np.asarray(m.apply(params, state, jax.random.key(3), x, True)[0])
+    apply = jax.jit(m.apply, static_argnums=4)
+    outputs = np.asarray(apply(params, state, jax.random.key(3), x, True)[0])
     expected = np.mean((outputs[keep] - np.asarray(y)[keep]) ** 2)
     np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
     np.testing.assert_allclose(float(aux.metrics["mse"]), expected, rtol=1e-5)
@@ -103,20 +111,22 @@ def test_padding_changes_neither_the_meta_gradient_nor_the_evaluation(algorithm)
     objective = supervised_objective(m, "classification")
     learner = maml(objective, inner_lr=0.3, inner_steps=2) if algorithm == "maml" else None
     learner = learner or protonet(objective)
-    params, state = m.init(jax.random.key(1))
+    params, state = jax.jit(m.init)(jax.random.key(1))
     meta_params, ctx = learner.init(jax.random.key(0), params), context(state)
+    # compiled programs, not op by op
+    task_grad, evaluate = jax.jit(learner.task_grad), jax.jit(learner.evaluate, static_argnums=3)
     padded = 0
     for seed in range(3):
         task = padded_task(seed)
         unpadded = Task(strip(task.support), strip(task.query))
         padded += len(unpadded.support.labels) < len(task.support.labels)
-        grads, aux = learner.task_grad(meta_params, task, ctx)
-        grads_u, aux_u = learner.task_grad(meta_params, unpadded, ctx)
+        grads, aux = task_grad(meta_params, task, ctx)
+        grads_u, aux_u = task_grad(meta_params, unpadded, ctx)
         for g, e in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_u), strict=True):
             np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-4, atol=1e-6)
         for name in ("loss", "accuracy"):
             np.testing.assert_allclose(aux.metrics[name], aux_u.metrics[name], rtol=1e-5)
-        evaluated = learner.evaluate(meta_params, task, ctx, (0, 1))
-        evaluated_u = learner.evaluate(meta_params, unpadded, ctx, (0, 1))
+        evaluated = evaluate(meta_params, task, ctx, (0, 1))
+        evaluated_u = evaluate(meta_params, unpadded, ctx, (0, 1))
         np.testing.assert_allclose(evaluated["loss"], evaluated_u["loss"], rtol=1e-5)
     assert padded >= 2  # the comparison is not vacuous

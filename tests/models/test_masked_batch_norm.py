@@ -56,12 +56,14 @@ SHAPES = {"conv4": (28, 28, 1), "resnet12": (16, 16, 3)}
 @pytest.mark.parametrize("method", ["apply", "embed"])
 def test_padded_batch_gives_the_unpadded_outputs_and_statistics(name, method):
     model = MODELS[name]()
-    params, state = model.init(jax.random.key(0))
+    params, state = jax.jit(model.init)(jax.random.key(0))
     x = np.random.default_rng(2).uniform(0, 1, (REAL, *SHAPES[name])).astype(np.float32)
     x_pad, mask = padded(x)
-    call = getattr(model, method)
-    expected, expected_state = call(params, state, None, jnp.asarray(x), True)
-    out, new_state = call(params, state, None, jnp.asarray(x_pad), True, mask=jnp.asarray(mask))
+    method_fn = getattr(model, method)
+    # compiled programs, not op by op
+    call = jax.jit(lambda x, mask=None: method_fn(params, state, None, x, True, mask=mask))
+    expected, expected_state = call(jnp.asarray(x))
+    out, new_state = call(jnp.asarray(x_pad), mask=jnp.asarray(mask))
     np.testing.assert_allclose(out[mask], expected, rtol=2e-4, atol=2e-5)
     jax.tree_util.tree_map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6),
@@ -76,11 +78,12 @@ def test_padded_batch_gives_the_unpadded_outputs_and_statistics(name, method):
 def test_without_the_mask_padding_would_change_the_outputs():
     # The comparison above can fail: the padding does move batch statistics when not masked.
     model = MODELS["conv4"]()
-    params, state = model.init(jax.random.key(0))
+    params, state = jax.jit(model.init)(jax.random.key(0))
     x = np.random.default_rng(2).uniform(0, 1, (REAL, 28, 28, 1)).astype(np.float32)
     x_pad, mask = padded(x)
-    expected, _ = model.apply(params, state, None, jnp.asarray(x), True)
-    unmasked, _ = model.apply(params, state, None, jnp.asarray(x_pad), True)
+    apply = jax.jit(lambda x: model.apply(params, state, None, x, True))
+    expected, _ = apply(jnp.asarray(x))
+    unmasked, _ = apply(jnp.asarray(x_pad))
     assert not np.allclose(unmasked[mask], expected, rtol=1e-2, atol=1e-3)
 
 
@@ -110,22 +113,24 @@ def variable_episode():
 
 def test_maml_loss_of_a_padded_episode_is_that_of_the_unpadded_one(variable_episode):
     objective = supervised_objective(MODELS["conv4"](), "classification")
-    params, state = objective.model.init(jax.random.key(1))
+    params, state = jax.jit(objective.model.init)(jax.random.key(1))
     task = variable_episode
-    loss, aux = objective.loss(params, state, None, task.support)
-    expected, expected_aux = objective.loss(params, state, None, drop_padding(task.support))
+    loss_fn = jax.jit(lambda batch: objective.loss(params, state, None, batch))
+    loss, aux = loss_fn(task.support)
+    expected, expected_aux = loss_fn(drop_padding(task.support))
     np.testing.assert_allclose(loss, expected, rtol=1e-5)
     np.testing.assert_allclose(aux.metrics["accuracy"], expected_aux.metrics["accuracy"])
 
 
 def test_protonet_on_a_padded_episode_matches_the_unpadded_one(variable_episode):
     objective = supervised_objective(MODELS["conv4"](), "classification")
-    params, state = objective.model.init(jax.random.key(1))
+    params, state = jax.jit(objective.model.init)(jax.random.key(1))
     learner = protonet(objective)
     task = variable_episode
     unpadded = Task(drop_padding(task.support), drop_padding(task.query))
-    metrics = learner.evaluate(params, task, context(state), (0,))
-    expected = learner.evaluate(params, unpadded, context(state), (0,))
+    evaluate = jax.jit(learner.evaluate, static_argnums=3)
+    metrics = evaluate(params, task, context(state), (0,))
+    expected = evaluate(params, unpadded, context(state), (0,))
     np.testing.assert_allclose(metrics["loss"], expected["loss"], rtol=1e-4)
     np.testing.assert_allclose(metrics["accuracy"], expected["accuracy"])
 

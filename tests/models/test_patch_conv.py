@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -34,8 +36,8 @@ CASES = [
 def test_values_match_xla_convolution(size, window, stride, padding):
     x = jax.random.normal(jax.random.key(0), (3, size, size, 2))
     k = jax.random.normal(jax.random.key(1), (window, window, 2, 4))
-    got = im2col_conv(x, k, stride, padding)
-    want = reference(x, k, (stride, stride), padding)
+    got = jax.jit(im2col_conv, static_argnums=(2, 3))(x, k, stride, padding)
+    want = jax.jit(reference, static_argnums=(2, 3))(x, k, (stride, stride), padding)
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
 
@@ -49,7 +51,8 @@ def test_second_derivatives_and_forward_mode_match(size, window, stride, padding
         k = jax.random.normal(jax.random.key(1), (window, window, 2, 4), jnp.float64)
         v = (jnp.cos(x), jnp.sin(k))
 
-        def make(conv):
+        @functools.partial(jax.jit, static_argnums=0)  # one compiled program, not op by op
+        def make(conv, x, k, v):
             def loss(x, k):
                 return jnp.sum(jnp.tanh(conv(x, k)) ** 2)
 
@@ -62,8 +65,8 @@ def test_second_derivatives_and_forward_mode_match(size, window, stride, padding
             forward = jax.jvp(lambda x, k: grad(x, k), (x, k), v)[1]
             return grad(x, k), reverse(x, k), forward
 
-        ours = make(lambda x, k: im2col_conv(x, k, stride, padding))
-        theirs = make(lambda x, k: reference(x, k, (stride, stride), padding))
+        ours = make(lambda x, k: im2col_conv(x, k, stride, padding), x, k, v)
+        theirs = make(lambda x, k: reference(x, k, (stride, stride), padding), x, k, v)
         for a, b in zip(*map(jax.tree_util.tree_leaves, (ours, theirs)), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9)
 
@@ -79,11 +82,13 @@ def test_drop_in_for_flax_conv():
     x = jax.random.normal(jax.random.key(0), (2, 9, 9, 3))
     for kwargs in (dict(strides=2), dict(strides=1, padding="VALID"), dict(use_bias=False)):
         flax_conv = nn.Conv(5, (3, 3), **kwargs)
-        params = flax_conv.init(jax.random.key(1), x)
+        params = jax.jit(flax_conv.init)(jax.random.key(1), x)
         ours = PatchConv(5, (3, 3), **kwargs)
-        mine = ours.init(jax.random.key(1), x)
+        mine = jax.eval_shape(ours.init, jax.random.key(1), x)  # its structure only
         assert jax.tree_util.tree_structure(mine) == jax.tree_util.tree_structure(params)
-        np.testing.assert_allclose(ours.apply(params, x), flax_conv.apply(params, x), atol=1e-5)
+        np.testing.assert_allclose(
+            jax.jit(ours.apply)(params, x), jax.jit(flax_conv.apply)(params, x), atol=1e-5
+        )
 
 
 def test_bad_arguments_say_what_is_wrong():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -94,6 +96,15 @@ def test_every_task_batching_takes_the_same_meta_iteration(outer):
 def test_the_mean_of_the_tasks_gradients_is_the_gradient_of_the_mean_surrogate(estimator):
     params = _params()
     tasks = sample_goals(jax.random.key(1), 3)
+    # compiled programs, not op by op
+    collect = jax.jit(collect_meta_batch, static_argnums=(0, 1, 2))
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def both_gradients(cfg, params, batch):
+        surrogate, _ = trpo_objectives(policy_apply, cfg, batch)
+        mean_of_gradients = surrogate_value_and_grad(policy_apply, cfg, batch)(params)
+        return mean_of_gradients, jax.value_and_grad(surrogate)(params)
+
     for strategy in ("vmap", "map"):
         cfg = MAMLRLConfig(
             num_post_rollouts=3,
@@ -102,10 +113,8 @@ def test_the_mean_of_the_tasks_gradients_is_the_gradient_of_the_mean_surrogate(e
             task_batching=strategy,
         )
         keys = jax.random.split(jax.random.key(2), 3)
-        batch = collect_meta_batch(NAV2D, policy_apply, cfg, params, keys, tasks)
-        surrogate, _ = trpo_objectives(policy_apply, cfg, batch)
-        value, grads = surrogate_value_and_grad(policy_apply, cfg, batch)(params)
-        expected_value, expected = jax.value_and_grad(surrogate)(params)
+        batch = collect(NAV2D, policy_apply, cfg, params, keys, tasks)
+        (value, grads), (expected_value, expected) = both_gradients(cfg, params, batch)
         np.testing.assert_allclose(value, expected_value, rtol=1e-5, atol=1e-7)
         chex.assert_trees_all_close(grads, expected, rtol=1e-4, atol=1e-6)
         assert max(float(np.abs(g).max()) for g in jax.tree.leaves(grads)) > 1e-3
@@ -123,17 +132,21 @@ def test_a_ppo_epoch_ascends_the_gradient_of_the_mean_clipped_objective():
         task_batching="map",
     )
     keys = jax.random.split(jax.random.key(2), 3)
-    batch = collect_meta_batch(
+    # compiled programs, not op by op
+    batch = jax.jit(collect_meta_batch, static_argnums=(0, 1, 2))(
         NAV2D, policy_apply, cfg, params, keys, sample_goals(jax.random.key(1), 3)
     )
     optimizer = optax.sgd(1.0)
-    new, _, _ = outer_update(policy_apply, cfg, params, optimizer.init(params), optimizer, batch)
+    update = jax.jit(
+        lambda p: outer_update(policy_apply, cfg, p, optimizer.init(p), optimizer, batch)
+    )
+    new, _, _ = update(params)
 
     def objective(p):
         one = lambda b: clipped_surrogate(policy_apply, p, b, cfg.inner, "lvc", cfg.ppo.clip)  # noqa: E731
         return jnp.mean(jax.vmap(one)(batch))
 
-    expected = jax.grad(objective)(params)
+    expected = jax.jit(jax.grad(objective))(params)
     step = jax.tree.map(jnp.subtract, new, params)
     chex.assert_trees_all_close(step, expected, rtol=1e-4, atol=1e-4)
     assert max(float(np.abs(g).max()) for g in jax.tree.leaves(expected)) > 1e-3

@@ -35,8 +35,9 @@ def explicit_fisher(params, obs: jax.Array) -> np.ndarray:
     _, log_std = policy_apply(params, obs[0])
     gaussian = np.concatenate([np.exp(-2 * np.asarray(log_std)), np.full(log_std.shape, 2.0)])
     fisher = np.zeros((flat.size, flat.size))
+    jacobian = jax.jit(jax.jacobian(outputs))  # compiled once, reused for every state
     for o in obs:
-        jac = np.asarray(jax.jacobian(outputs)(flat, o), np.float64)
+        jac = np.asarray(jacobian(flat, o), np.float64)
         fisher += jac.T @ (gaussian[:, None] * jac)
     return fisher / len(obs)
 
@@ -58,7 +59,7 @@ def test_fisher_vector_product_equals_explicit_fisher_times_v():
 
     flat, unravel = ravel_pytree(params)
     v = jax.random.normal(jax.random.key(2), flat.shape)
-    fvp = ravel_pytree(fisher_vector_product(kl, params, unravel(v)))[0]
+    fvp = ravel_pytree(jax.jit(fisher_vector_product, static_argnums=0)(kl, params, unravel(v)))[0]
     np.testing.assert_allclose(
         fvp, explicit_fisher(params, obs) @ np.asarray(v), rtol=1e-4, atol=1e-5
     )
@@ -67,8 +68,9 @@ def test_fisher_vector_product_equals_explicit_fisher_times_v():
 def _meta_batch(params, num_tasks=3, inner=INNER):
     goals = sample_goals(jax.random.key(5), num_tasks)
     keys = jax.random.split(jax.random.key(6), num_tasks)
-    collect = lambda k, g: collect_task_batch(NAV2D, policy_apply, params, k, g, inner, 4)  # noqa: E731
-    return jax.vmap(collect)(keys, goals)
+    collect = lambda p, k, g: collect_task_batch(NAV2D, policy_apply, p, k, g, inner, 4)  # noqa: E731
+    # one compiled program, not op by op
+    return jax.jit(jax.vmap(collect, in_axes=(None, 0, 0)))(params, keys, goals)
 
 
 def test_meta_kl_hessian_is_the_post_update_fisher_pulled_back_through_the_inner_step():
@@ -80,14 +82,14 @@ def test_meta_kl_hessian_is_the_post_update_fisher_pulled_back_through_the_inner
     adapted = lambda f: ravel_pytree(  # noqa: E731
         adapted_params(policy_apply, unravel(f), batch, INNER, "dice")[-1]
     )[0]
-    jac = np.asarray(jax.jacobian(adapted)(flat), np.float64)
-    theta_prime = unravel(adapted(flat))
+    jac = np.asarray(jax.jit(jax.jacobian(adapted))(flat), np.float64)
+    theta_prime = unravel(jax.jit(adapted)(flat))
     valid = np.asarray(batch.post.mask).reshape(-1).astype(bool)
     states = np.asarray(batch.post.obs).reshape(-1, 2)[valid]
     expected = jac.T @ explicit_fisher(theta_prime, jnp.asarray(states)) @ jac
     v = jax.random.normal(jax.random.key(7), flat.shape)
     kl = lambda p: post_kl(policy_apply, p, batch, INNER)  # noqa: E731
-    fvp = ravel_pytree(fisher_vector_product(kl, params, unravel(v)))[0]
+    fvp = ravel_pytree(jax.jit(fisher_vector_product, static_argnums=0)(kl, params, unravel(v)))[0]
     reference = expected @ np.asarray(v)
     np.testing.assert_allclose(fvp, reference, rtol=2e-3, atol=2e-3 * np.abs(reference).max())
 
@@ -104,6 +106,7 @@ def test_trpo_step_satisfies_the_kl_bound_and_improves_the_meta_surrogate():
     new, info = jax.jit(lambda p: trpo_step(surrogate, kl, p, cfg))(params)
     assert bool(info.accepted)
     # Re-evaluated here, not read from the step's own report.
+    surrogate, kl = jax.jit(surrogate), jax.jit(kl)
     assert float(kl(new)) <= cfg.max_kl * (1 + 1e-4)
     assert float(kl(new)) > 0.1 * cfg.max_kl  # a real step, not a vanishing one
     assert float(surrogate(new)) > float(surrogate(params))
@@ -157,7 +160,7 @@ def test_gauss_newton_kl_hvp_equals_metalearn_hvp_of_the_mean_kl(inner):
             per_task = jax.vmap(lambda b: post_kl(policy_apply, p, b, inner, estimator))(batch)
             return jnp.mean(per_task)
 
-        expected = ravel_pytree(fisher_vector_product(kl, params, v))[0]
+        expected = ravel_pytree(jax.jit(fisher_vector_product, static_argnums=0)(kl, params, v))[0]
         # every way of batching the 3 tasks: vmap, one loop, three loops side by side
         for strategy in ("vmap", "map", "map3"):
             fisher = post_kl_fisher(policy_apply, params, batch, inner, estimator, strategy)
@@ -167,8 +170,8 @@ def test_gauss_newton_kl_hvp_equals_metalearn_hvp_of_the_mean_kl(inner):
     surrogate = lambda p: jnp.mean(  # noqa: E731
         jax.vmap(lambda b: meta_surrogate(policy_apply, p, b, inner, "maml"))(batch)
     )
-    plain, info = trpo_step(surrogate, kl, params)
-    fast, fast_info = trpo_step(surrogate, kl, params, kl_hvp=fisher)
+    plain, info = jax.jit(lambda p: trpo_step(surrogate, kl, p))(params)
+    fast, fast_info = jax.jit(lambda p: trpo_step(surrogate, kl, p, kl_hvp=fisher))(params)
     assert int(info.backtracks) == int(fast_info.backtracks) and bool(fast_info.accepted)
     # float32 CG (damping 1e-5) amplifies the products' rounding differences: compare the steps
     # on the scale of the step
@@ -195,7 +198,7 @@ def test_each_tasks_kl_is_a_mean_over_its_own_valid_steps_in_the_fisher_product(
         return jnp.mean(jax.vmap(lambda b: post_kl(policy_apply, p, b, INNER, "lvc"))(batch))
 
     v = jax.tree.map(lambda x: jnp.sin(jnp.arange(x.size, dtype=x.dtype).reshape(x.shape)), params)
-    expected = ravel_pytree(fisher_vector_product(kl, params, v))[0]
+    expected = ravel_pytree(jax.jit(fisher_vector_product, static_argnums=0)(kl, params, v))[0]
     for strategy in ("vmap", "map", "map2"):
         fisher = post_kl_fisher(policy_apply, params, batch, INNER, "lvc", strategy)
         got = ravel_pytree(jax.jit(fisher)(v))[0]
