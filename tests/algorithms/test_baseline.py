@@ -99,7 +99,7 @@ def test_fine_tuning_equals_pytorch_sgd_in_float64(cosine, batch_size, dampening
     sgd = dict(lr=lr, momentum=0.9, dampening=dampening, weight_decay=0.001)
     with jax.enable_x64(True):
         model = mlp_model()
-        params, state = model.init(jax.random.key(0))
+        params, state = jax.jit(model.init)(jax.random.key(0))
         learner = factory(
             supervised_objective(model, "classification"),
             finetune_lr=sgd["lr"],
@@ -111,21 +111,26 @@ def test_fine_tuning_equals_pytorch_sgd_in_float64(cosine, batch_size, dampening
         meta = to64(learner.init(jax.random.key(1), params))
         task = episode(3)
         key = jax.random.key(4)
-        ours = learner.evaluate(meta, task, context(state, key), steps)["loss"]
-        features = lambda x: model.embed(meta["params"], state, None, x, False)[0]  # noqa: E731
+        # Each computation one compiled program, not op by op.
+        evaluate = jax.jit(learner.evaluate, static_argnums=3)
+        ours = evaluate(meta, task, context(state, key), steps)["loss"]
+        features = jax.jit(lambda x: model.embed(meta["params"], state, None, x, False)[0])
         support_size = task.support[1].shape[0]
         x_s = features(task.support[0])
         head_key = jax.random.fold_in(key, 2)
-        init = linear_init(head_key, x_s.shape[1], support_size, cosine)
+        init = jax.jit(linear_init, static_argnums=(1, 2, 3))(
+            head_key, x_s.shape[1], support_size, cosine
+        )
         batches = None
         if batch_size:
-            indices, used = finetune_batches(
+            indices, used = jax.jit(finetune_batches, static_argnums=(2, 3))(
                 jax.random.fold_in(head_key, 1),
                 jnp.ones(support_size, bool),
                 batch_size,
                 max(steps),
             )
-            batches = [np.asarray(i)[np.asarray(u)] for i, u in zip(indices, used, strict=True)]
+            indices, used = np.asarray(indices), np.asarray(used)
+            batches = [i[u] for i, u in zip(indices, used, strict=True)]
             assert [len(b) for b in batches[:3]] == [4, 4, 2]
         expected = torch_fine_tuning(
             x_s,
@@ -149,7 +154,8 @@ def test_fine_tuning_batches_cover_each_example_once_per_epoch_in_new_orders():
     changes from epoch to epoch, and the last batch of each epoch the remainder; padding slots
     (here every third) are never drawn and leave no step empty."""
     real = jnp.arange(36) % 3 != 2  # 24 real examples among 36 slots
-    indices, used = finetune_batches(jax.random.key(5), real, 5, 500)  # 100 epochs of 5 batches
+    batches = jax.jit(finetune_batches, static_argnums=(2, 3))  # not op by op
+    indices, used = batches(jax.random.key(5), real, 5, 500)  # 100 epochs of 5 batches
     indices, used = np.asarray(indices), np.asarray(used)
     assert indices.shape == used.shape == (500, 5)
     assert used.sum(axis=1).tolist() == [5, 5, 5, 5, 4] * 100
@@ -157,7 +163,7 @@ def test_fine_tuning_batches_cover_each_example_once_per_epoch_in_new_orders():
     real_indices = np.flatnonzero(np.asarray(real)).tolist()
     assert all(sorted(order.tolist()) == real_indices for order in orders)
     assert len({tuple(order.tolist()) for order in orders}) == 100
-    assert finetune_batches(jax.random.key(5), real, 4, 0)[0].shape == (0, 4)
+    assert batches(jax.random.key(5), real, 4, 0)[0].shape == (0, 4)
 
 
 @pytest.mark.parametrize("cosine", [False, True], ids=["baseline", "baseline_pp"])
@@ -166,7 +172,7 @@ def test_padding_appended_to_the_support_set_changes_no_step(cosine):
     same head as the unpadded one, mini-batch by mini-batch."""
     factory = baseline_pp if cosine else baseline
     model = mlp_model()
-    params, state = model.init(jax.random.key(0))
+    params, state = jax.jit(model.init)(jax.random.key(0))
     learner = factory(supervised_objective(model, "classification"), finetune_lr=0.1)
     meta = learner.init(jax.random.key(1), params)
     task = episode(6)
@@ -178,8 +184,9 @@ def test_padding_appended_to_the_support_set_changes_no_step(cosine):
     )
     ctx = context(state, jax.random.key(8))
     steps = (0, 3, 20)
-    plain = learner.evaluate(meta, task, ctx, steps)
-    padded = learner.evaluate(meta, Task(padded_support, task.query), ctx, steps)
+    evaluate = jax.jit(learner.evaluate, static_argnums=3)  # one compiled program, not op by op
+    plain = evaluate(meta, task, ctx, steps)
+    padded = evaluate(meta, Task(padded_support, task.query), ctx, steps)
     for key in ("loss", "accuracy"):
         np.testing.assert_allclose(padded[key], plain[key], rtol=1e-5, atol=1e-6)
     assert float(plain["loss"][-1]) < float(plain["loss"][0])  # the steps did change the head
@@ -206,7 +213,7 @@ def test_pretraining_gradients_are_those_of_the_classifier_over_support_and_quer
     ``g``, which start at the kernel columns' norms."""
     with jax.enable_x64(True):
         model = mlp_model(outputs)
-        params, state = model.init(jax.random.key(0))
+        params, state = jax.jit(model.init)(jax.random.key(0))
         params = to64(params)
         rng = np.random.default_rng(1)
         x = jnp.asarray(rng.standard_normal((10, DIM)))
@@ -217,22 +224,23 @@ def test_pretraining_gradients_are_those_of_the_classifier_over_support_and_quer
         def cross_entropy(logits):
             return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(10), labels])
 
+        # Each gradient and loss one compiled program, not op by op.
         plain = baseline(objective)
-        grads, aux = plain.task_grad(plain.init(None, params), task, context(state))
+        grads, aux = jax.jit(plain.task_grad)(plain.init(None, params), task, context(state))
 
         def plain_loss(p):
             return cross_entropy(model.apply(p, state, None, x, True)[0])
 
-        expected = jax.grad(plain_loss)(params)
+        expected = jax.jit(jax.grad(plain_loss))(params)
         for a, b in zip(jax.tree.leaves(grads["params"]), jax.tree.leaves(expected), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-14)
-        np.testing.assert_allclose(aux.metrics["loss"], plain_loss(params), rtol=1e-12)
+        np.testing.assert_allclose(aux.metrics["loss"], jax.jit(plain_loss)(params), rtol=1e-12)
 
         cosine = baseline_pp(objective)
         meta = cosine.init(None, params)
         kernel = np.asarray(params["head"]["kernel"])
         np.testing.assert_allclose(meta["g"], np.linalg.norm(kernel, axis=0), rtol=1e-12)
-        grads, _ = cosine.task_grad(meta, task, context(state))
+        grads, _ = jax.jit(cosine.task_grad)(meta, task, context(state))
 
         def cosine_loss(m):
             h = model.embed(m["params"], state, None, x, True)[0]
@@ -241,7 +249,7 @@ def test_pretraining_gradients_are_those_of_the_classifier_over_support_and_quer
             w = w / jnp.sqrt(jnp.sum(w * w, axis=0, keepdims=True))
             return cross_entropy(scale * m["g"] * (h @ w))
 
-        expected = jax.grad(cosine_loss)(meta)
+        expected = jax.jit(jax.grad(cosine_loss))(meta)
         for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(expected), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-13)
         assert np.all(np.asarray(grads["params"]["head"]["bias"]) == 0)  # the cosine head's
@@ -259,14 +267,17 @@ def test_class_labelled_training_episodes_carry_each_class_index():
         arrays, ways=5, num_queries=2, dataset="tagged", train_ways=7, train_labels="class"
     )
     assert tasks.num_outputs == 30
+    # Each sampler one compiled program, not op by op.
+    sample_train = jax.jit(lambda key: tasks.sample(tasks.splits["train"], key, 3))
+    sample_val = jax.jit(lambda key: tasks.sample(tasks.splits["val"], key, 1))
     for seed in range(5):
-        task = tasks.sample(tasks.splits["train"], jax.random.key(seed), 3)
+        task = sample_train(jax.random.key(seed))
         for inputs, labels in (task.support, task.query):
             np.testing.assert_array_equal(
                 np.asarray(labels), np.round(np.asarray(inputs)[:, 0, 0, 0] * 255).astype(int)
             )
         assert len(set(np.asarray(task.support[1]).tolist())) == 7
-        val = tasks.sample(tasks.splits["val"], jax.random.key(seed), 1)
+        val = sample_val(jax.random.key(seed))
         assert sorted(np.asarray(val.support[1]).tolist()) == [0, 1, 2, 3, 4]
 
 
@@ -275,16 +286,23 @@ def test_adapt_writes_the_fitted_head_into_the_model():
     set as ``evaluate`` does after the same steps (the fitted head written into the first
     columns, the others at ``-inf``); Baseline++'s cosine head cannot be written: refused."""
     model = mlp_model()
-    params, state = model.init(jax.random.key(0))
+    params, state = jax.jit(model.init)(jax.random.key(0))
     learner = baseline(supervised_objective(model, "classification"), finetune_lr=0.1)
     meta = learner.init(None, params)
     task = episode(5, ways=4, shots=1)
     ctx = context(state, jax.random.key(6))
-    adapted = learner.adapt(meta, task.support, ctx, 30)
-    logits = model.apply(adapted, state, None, task.query[0], False)[0]
+    # Each computation one compiled program, not op by op.
+    adapted = jax.jit(learner.adapt, static_argnums=3)(meta, task.support, ctx, 30)
+
+    @jax.jit
+    def logits_and_loss(adapted, x, y):
+        logits = model.apply(adapted, state, None, x, False)[0]
+        return logits, -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(12), y])
+
+    logits, loss = logits_and_loss(adapted, *task.query)
     assert logits.shape == (12, OUTPUTS) and bool(jnp.all(jnp.isinf(logits[:, 4:])))
-    loss = -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(12), task.query[1]])
-    np.testing.assert_allclose(loss, learner.evaluate(meta, task, ctx, (30,))["loss"][0], rtol=1e-5)
+    evaluated = jax.jit(learner.evaluate, static_argnums=3)(meta, task, ctx, (30,))
+    np.testing.assert_allclose(loss, evaluated["loss"][0], rtol=1e-5)
     cosine = baseline_pp(supervised_objective(model, "classification"))
     with pytest.raises(ValueError, match="algorithm=baseline_pp: its fitted head is a cosine"):
         cosine.adapt(cosine.init(None, params), task.support, ctx, 30)
@@ -341,7 +359,7 @@ def test_pretraining_on_old_classes_helps_tell_new_classes_apart(factory):
 
     draw = gaussian_classes(jax.random.key(0), 25)
     model = model_from_flax(MLP((64, 32), 20), (16,), ModelParts(head="head", embed="embed"))
-    params, state = model.init(jax.random.key(1))
+    params, state = jax.jit(model.init)(jax.random.key(1))
     learner = factory(supervised_objective(model, "classification"), finetune_lr=0.1)
     meta = learner.init(None, params)
     optimizer = optax.adam(1e-3)

@@ -73,10 +73,13 @@ def hand_objective(meta, task, stop=False):
 def test_inner_loop_and_query_metrics_equal_the_network_written_by_hand():
     with jax.enable_x64(True):
         _, learner, meta, state, task = setup()
-        ours = learner.evaluate(meta, task, context(state), (0, 1, 2, 5))["mse"]
-        expected = [
-            mse(meta, hand_context(meta, task.support, k), task.query) for k in (0, 1, 2, 5)
-        ]
+        evaluate = jax.jit(learner.evaluate, static_argnums=3)
+        ours = evaluate(meta, task, context(state), (0, 1, 2, 5))["mse"]
+        expected = jax.jit(  # one compiled program, not op by op
+            lambda meta, task: [
+                mse(meta, hand_context(meta, task.support, k), task.query) for k in (0, 1, 2, 5)
+            ]
+        )(meta, task)
     np.testing.assert_allclose(ours, expected, rtol=1e-12)
     assert expected[2] < expected[0]  # the context's steps do fit the task
 
@@ -84,9 +87,10 @@ def test_inner_loop_and_query_metrics_equal_the_network_written_by_hand():
 def test_meta_gradient_equals_the_hand_network_and_finite_differences():
     with jax.enable_x64(True):
         _, learner, meta, state, task = setup()
-        grads, aux = learner.task_grad(meta, task, context(state))
-        np.testing.assert_allclose(aux.metrics["mse"], hand_objective(meta, task), rtol=1e-12)
-        expected = jax.grad(hand_objective)(meta, task)
+        grads, aux = jax.jit(learner.task_grad)(meta, task, context(state))
+        objective = jax.jit(hand_objective)  # compiled once, for the differences below too
+        np.testing.assert_allclose(aux.metrics["mse"], objective(meta, task), rtol=1e-12)
+        expected = jax.jit(jax.grad(hand_objective))(meta, task)
         for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(expected), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-13)
         flat, unravel = jax.flatten_util.ravel_pytree(meta)
@@ -94,8 +98,8 @@ def test_meta_gradient_equals_the_hand_network_and_finite_differences():
         for seed in range(3):  # directional derivatives by central differences
             direction = jax.random.normal(jax.random.key(seed), flat.shape)
             h = 1e-6
-            plus = hand_objective(unravel(flat + h * direction), task)
-            minus = hand_objective(unravel(flat - h * direction), task)
+            plus = objective(unravel(flat + h * direction), task)
+            minus = objective(unravel(flat - h * direction), task)
             np.testing.assert_allclose(ours @ direction, (plus - minus) / (2 * h), rtol=1e-6)
         assert float(jnp.abs(grads["film"]["kernel"]).max()) > 0  # the context's path counts
 
@@ -103,9 +107,9 @@ def test_meta_gradient_equals_the_hand_network_and_finite_differences():
 def test_first_order_drops_the_inner_steps_second_derivatives():
     with jax.enable_x64(True):
         _, learner, meta, state, task = setup(first_order=True)
-        grads, _ = learner.task_grad(meta, task, context(state))
-        expected = jax.grad(lambda m: hand_objective(m, task, stop=True))(meta)
-        second = jax.grad(hand_objective)(meta, task)
+        grads, _ = jax.jit(learner.task_grad)(meta, task, context(state))
+        expected = jax.jit(jax.grad(lambda m: hand_objective(m, task, stop=True)))(meta)
+        second = jax.jit(jax.grad(hand_objective))(meta, task)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(expected), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-13)
     assert not np.allclose(
@@ -118,10 +122,13 @@ def test_adapt_folds_the_film_into_the_model_and_leaves_the_rest():
     adapted context; only the FiLM'd entry changed."""
     with jax.enable_x64(True):
         model, learner, meta, state, task = setup()
+        # Eager: the identity checks below need adapt's own arrays.
         adapted = learner.adapt(meta, task.support, context(state), STEPS)
-        predicted = model.apply(adapted, state, None, task.query[0])[0]
-        phi = hand_context(meta, task.support, STEPS)
-        np.testing.assert_allclose(predicted, by_hand(meta, phi, task.query[0]), rtol=1e-12)
+        predicted = jax.jit(model.apply)(adapted, state, None, task.query[0])[0]
+        expected = jax.jit(  # one compiled program, not op by op
+            lambda meta, task: by_hand(meta, hand_context(meta, task.support, STEPS), task.query[0])
+        )(meta, task)
+        np.testing.assert_allclose(predicted, expected, rtol=1e-12)
     for name in ("hidden_1", "head"):
         assert adapted[name] is meta["params"][name]
 
@@ -142,11 +149,12 @@ def test_refusals_are_one_line():
         Conv4(5, filters=4, norm_scale=False), (28, 28, 1), ModelParts(head="head")
     )
     learner = cavia(supervised_objective(conv, "classification"), num_context=2)
-    conv_params, conv_state = conv.init(jax.random.key(0))
-    meta = learner.init(jax.random.key(1), conv_params)
+    # Refused while tracing: shapes suffice, nothing is compiled.
+    conv_params, conv_state = jax.eval_shape(conv.init, jax.random.key(0))
+    meta = jax.eval_shape(learner.init, jax.random.key(1), conv_params)
     support = (jnp.zeros((5, 28, 28, 1)), jnp.arange(5))
     with pytest.raises(ValueError, match="the output of norms_2 is not affine in its parameters"):
-        learner.adapt(meta, support, context(conv_state), 1)
+        jax.eval_shape(lambda m, s: learner.adapt(m, s, context(conv_state), 1), meta, support)
 
 
 def test_a_context_that_would_reach_no_submodule_is_refused():
@@ -174,4 +182,4 @@ def test_a_context_that_would_reach_no_submodule_is_refused():
     with pytest.raises(
         ValueError, match=r"^algorithm=cavia feeds the context through .* calls none"
     ):
-        learner.task_grad(meta, task, context(state))
+        jax.jit(learner.task_grad)(meta, task, context(state))  # refused while tracing

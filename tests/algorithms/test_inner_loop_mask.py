@@ -48,7 +48,7 @@ def linear_task():
 def test_mask_marks_the_declared_normalisation_parameters_only():
     parts = MODELS.entry("conv4").info["parts"]
     model = model_from_flax(conv4(5, Conv4Config(norm_scale=False)), (28, 28, 1), parts)
-    params, _ = model.init(jax.random.key(0))
+    params, _ = jax.eval_shape(model.init, jax.random.key(0))  # the tree's paths only
     mask = inner_loop_mask(params, model.norm_paths, adapt_norm=False)
     flat = {jax.tree_util.keystr(p): m for p, m in jax.tree_util.tree_leaves_with_path(mask)}
     assert {k for k, m in flat.items() if not m} == {f"['norms_{i}']['bias']" for i in range(4)}
@@ -63,7 +63,9 @@ def test_inner_step_leaves_the_offsets_and_equals_the_hand_step(factory):
     params, task = linear_task()
     lr = 0.3
     learner = factory(linear_objective(), inner_lr=lr, adapt_norm=False)
-    adapted = learner.adapt(learner.init(jax.random.key(0), params), task.support, context(), 1)
+    adapted = jax.jit(learner.adapt, static_argnums=3)(
+        learner.init(jax.random.key(0), params), task.support, context(), 1
+    )
     xs, ys = task.support
     w, b = params["dense"]["kernel"], params["norm"]["bias"]
     residual = xs @ w + b - ys
@@ -72,7 +74,9 @@ def test_inner_step_leaves_the_offsets_and_equals_the_hand_step(factory):
     assert float(adapted["norm"]["bias"]) == float(b)  # unchanged, exactly
     # Without the mask the offset moves by lr * mean(r).
     free = factory(linear_objective(), inner_lr=lr)
-    moved = free.adapt(free.init(jax.random.key(0), params), task.support, context(), 1)
+    moved = jax.jit(free.adapt, static_argnums=3)(
+        free.init(jax.random.key(0), params), task.support, context(), 1
+    )
     np.testing.assert_allclose(moved["norm"]["bias"], b - lr * residual.mean(), rtol=1e-6)
 
 
@@ -81,7 +85,7 @@ def test_offsets_are_meta_learned_with_the_closed_form_meta_gradient(first_order
     params, task = linear_task()
     lr = 0.3
     learner = maml(linear_objective(), inner_lr=lr, first_order=first_order, adapt_norm=False)
-    grads, _ = learner.task_grad(params, task, context())
+    grads, _ = jax.jit(learner.task_grad)(params, task, context())
     (xs, ys), (xq, yq) = task.support, task.query
     w, b = params["dense"]["kernel"], params["norm"]["bias"]
     w1 = w - lr * xs.T @ (xs @ w + b - ys) / len(ys)
@@ -105,10 +109,13 @@ def test_reference_inner_loss_is_ways_times_the_mean(ways, shots):
     x = jax.random.normal(jax.random.key(1), (n, 7))
     y = jnp.repeat(jnp.arange(ways), shots)
     w = 0.1 * jax.random.normal(jax.random.key(2), (7, ways))
-    probs = jax.nn.softmax(x @ w)
-    reference_step = w - alpha * x.T @ (probs - jax.nn.one_hot(y, ways)) / shots
+
+    @jax.jit  # one compiled program, not op by op
+    def reference_step(w, x, y):
+        probs = jax.nn.softmax(x @ w)
+        return w - alpha * x.T @ (probs - jax.nn.one_hot(y, ways)) / shots
 
     model = stateless(lambda key: w, lambda p, inputs: inputs @ p)
     learner = maml(supervised_objective(model, "classification"), inner_lr=ways * alpha)
-    ours = learner.adapt(w, (x, y), context(), 1)
-    np.testing.assert_allclose(ours, reference_step, rtol=1e-5, atol=1e-6)
+    ours = jax.jit(learner.adapt, static_argnums=3)(w, (x, y), context(), 1)
+    np.testing.assert_allclose(ours, reference_step(w, x, y), rtol=1e-5, atol=1e-6)

@@ -76,7 +76,7 @@ def solve64(x, onehot, tolerance=1e-12, iterations=20000):
 
 def test_projection_equals_a_hand_computation():
     z = jnp.array([[0.5, 0.2, 3.0], [1.0, 1.0, 1.0], [0.3, -0.1, 0.0]])
-    got = project_rows(z, jnp.array([1.0, 0.3, 0.0]), jnp.array([True, True, False]))
+    got = jax.jit(project_rows)(z, jnp.array([1.0, 0.3, 0.0]), jnp.array([True, True, False]))
     # Row 1: the masked 3.0 drops; 0.5 and 0.2 shift by 0.15 to sum to 1. Row 2: 1, 1 shift by
     # 0.85 to sum to 0.3. Row 3: radius 0 leaves nothing.
     np.testing.assert_allclose(
@@ -141,9 +141,10 @@ def test_implicit_gradient_equals_finite_differences(seed):
             return jnp.mean(jax.nn.logsumexp(logits, axis=1) - picked[:, 0])
 
         support, query, scale = jnp.asarray(x), jnp.asarray(queries), jnp.asarray(1.7)
-        for f, argnums in ((weights_scalar, None), (query_loss, (0, 1, 2))):
+        # Values and gradients each one compiled program, not op by op.
+        for f, argnums in ((jax.jit(weights_scalar), None), (jax.jit(query_loss), (0, 1, 2))):
             args = (support,) if argnums is None else (support, query, scale)
-            grads = jax.grad(f, argnums=argnums or 0)(*args)
+            grads = jax.jit(jax.grad(f, argnums=argnums or 0))(*args)
             grads = grads if argnums else (grads,)
             for j, (arg, grad) in enumerate(zip(args, grads, strict=True)):
                 for d in range(3):
@@ -213,10 +214,17 @@ def test_adapted_head_predicts_like_the_svm():
     meta["scale"] = jnp.asarray(2.5)
     task = cluster_task(jax.random.key(2), shots=3, queries=4)
     adapted = jax.jit(learner.adapt, static_argnums=3)(meta, task.support, CTX, 0)
-    emb = lambda x: model.model.embed(meta["params"], {}, None, x, True)[0]  # noqa: E731
-    onehot = jax.nn.one_hot(task.support[1], WAYS)
-    logits, _ = svm_logits(emb(task.support[0]), onehot, emb(task.query[0]), 2.5, learner_config())
-    np.testing.assert_allclose(model.apply(adapted, task.query[0]), logits, rtol=1e-4, atol=1e-5)
+
+    @jax.jit  # one compiled program, not op by op
+    def head_logits(meta, task):
+        emb = lambda x: model.model.embed(meta["params"], {}, None, x, True)[0]  # noqa: E731
+        onehot = jax.nn.one_hot(task.support[1], WAYS)
+        config = learner_config()
+        return svm_logits(emb(task.support[0]), onehot, emb(task.query[0]), 2.5, config)[0]
+
+    logits = head_logits(meta, task)
+    predicted = jax.jit(model.apply)(adapted, task.query[0])
+    np.testing.assert_allclose(predicted, logits, rtol=1e-4, atol=1e-5)
     evaluated = jax.jit(learner.evaluate, static_argnums=3)(meta, task, CTX, (0, 5))
     want = np.mean(np.argmax(logits, 1) == np.asarray(task.query[1]))
     np.testing.assert_allclose(evaluated["accuracy"], [want, want], rtol=1e-6)
@@ -285,7 +293,7 @@ def test_label_smoothing_of_the_training_loss_equals_its_formula():
     with jax.enable_x64(True):
         task = Task((jnp.zeros((4, 1)), jnp.arange(4)), (jnp.asarray(x), jnp.asarray(labels)))
         meta = {"w": jnp.asarray(w)}
-        grads, aux = grad_fn(meta, task, None)
+        grads, aux = jax.jit(grad_fn)(meta, task, None)
 
         def smoothed(w):
             z = jnp.asarray(x) @ w[:, :4]
@@ -294,8 +302,12 @@ def test_label_smoothing_of_the_training_loss_equals_its_formula():
             targets[np.arange(8), labels] = 1 - eps
             return -jnp.mean(jnp.sum(targets * log_p, axis=1))
 
-        np.testing.assert_allclose(grads["w"], jax.grad(smoothed)(meta["w"]), rtol=1e-12)
+        expected = jax.jit(jax.grad(smoothed))(meta["w"])
+        np.testing.assert_allclose(grads["w"], expected, rtol=1e-12)
         assert np.all(np.asarray(grads["w"])[:, 4] == 0)
-        plain_loss = plain_grad(meta, task, None)[1].metrics["loss"]
+        plain_loss = jax.jit(plain_grad)(meta, task, None)[1].metrics["loss"]
         np.testing.assert_allclose(aux.metrics["loss"], plain_loss, rtol=1e-12)
-        assert evaluate(meta, task, None, (0,)) == plain_evaluate(meta, task, None, (0,))
+        evaluated, plain_evaluated = (
+            jax.jit(e, static_argnums=3)(meta, task, None, (0,)) for e in (evaluate, plain_evaluate)
+        )
+        assert evaluated == plain_evaluated

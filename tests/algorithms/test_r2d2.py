@@ -44,13 +44,14 @@ def test_ridge_head_equals_numpy_in_both_forms(n, d):
     x, y, lam = rng.normal(size=(n, d)), np.eye(3)[rng.integers(0, 3, n)], 0.7
     primal, dual = numpy_ridge(x, y, lam)
     np.testing.assert_allclose(primal, dual, rtol=1e-9, atol=1e-12)  # Woodbury's identity
+    ridge = jax.jit(ridge_head, static_argnums=3)  # one compiled program per form, not op by op
     with jax.enable_x64(True):
         for form in ("primal", "dual", "auto"):
-            got = np.asarray(ridge_head(jnp.asarray(x), jnp.asarray(y), lam, form))
+            got = np.asarray(ridge(jnp.asarray(x), jnp.asarray(y), lam, form))
             np.testing.assert_allclose(got, primal, rtol=1e-10, atol=1e-12)
     # float32, as training runs: the two forms agree to float32 rounding
     forms = [
-        ridge_head(jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32), lam, f)
+        ridge(jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32), lam, f)
         for f in ("primal", "dual")
     ]
     np.testing.assert_allclose(forms[0], primal, rtol=1e-4, atol=1e-5)
@@ -59,9 +60,8 @@ def test_ridge_head_equals_numpy_in_both_forms(n, d):
 
 def reference_logits(model, meta_params, task, num_classes):
     """The query logits by NumPy: embed, solve the primal system in float64, scale and offset."""
-    emb = lambda x: np.asarray(  # noqa: E731
-        model.model.embed(meta_params["params"], {}, None, x, True)[0], np.float64
-    )
+    embed = jax.jit(lambda params, x: model.model.embed(params, {}, None, x, True)[0])
+    emb = lambda x: np.asarray(embed(meta_params["params"], x), np.float64)  # noqa: E731
     xs, xq = emb(task.support[0]), emb(task.query[0])
     y = np.eye(num_classes)[np.asarray(task.support[1])]
     head = {k: float(v) for k, v in meta_params["head"].items()}
@@ -78,7 +78,7 @@ def test_query_loss_equals_the_numpy_head(shots, form):
     task = cluster_task(jax.random.key(shots), shots=shots, queries=3)
     _, aux = jax.jit(learner.task_grad)(meta_params, task, CTX)
     logits = reference_logits(model, meta_params, task, WAYS * shots)
-    want = model.loss(jnp.asarray(logits, jnp.float32), task.query[1])
+    want = jax.jit(model.loss)(jnp.asarray(logits, jnp.float32), task.query[1])
     np.testing.assert_allclose(aux.metrics["loss"], want, rtol=2e-4)
 
 
@@ -107,8 +107,9 @@ def test_meta_gradient_equals_finite_differences_in_float64(shots):
             lambda a: a if jnp.issubdtype(a.dtype, jnp.integer) else jnp.asarray(a, jnp.float64),
             tiny_task(shots),
         )
-        grads, _ = learner.task_grad(meta_params, task, CTX)
-        loss = lambda mp: learner.task_grad(mp, task, CTX)[1].metrics["loss"]  # noqa: E731
+        task_grad = jax.jit(learner.task_grad)  # compiled once, for the differences too
+        grads, _ = task_grad(meta_params, task, CTX)
+        loss = lambda mp: task_grad(mp, task, CTX)[1].metrics["loss"]  # noqa: E731
         eps = 1e-6
         for name in ("scale", "bias", "log_lambda"):  # each learned scalar on its own
             step = lambda s, n=name: {  # noqa: E731
@@ -123,6 +124,7 @@ def test_meta_gradient_equals_finite_differences_in_float64(shots):
                 assert abs(float(grads["head"][name])) > 1e-6
         direction = random_like(meta_params["params"], jax.random.key(3))
 
+        @jax.jit  # one compiled program, not op by op
         def moved(s):
             shift = lambda p, v: p + s * v  # noqa: E731
             return {
@@ -131,7 +133,7 @@ def test_meta_gradient_equals_finite_differences_in_float64(shots):
             }
 
         numeric = (loss(moved(eps)) - loss(moved(-eps))) / (2 * eps)
-        analytic = tree_vdot(grads["params"], direction)
+        analytic = jax.jit(tree_vdot)(grads["params"], direction)
         np.testing.assert_allclose(analytic, numeric, rtol=1e-6)
         np.testing.assert_array_equal(grads["params"]["head"]["kernel"], 0.0)  # head not used
 
@@ -161,9 +163,8 @@ def reference_form_logits(model, meta_params, task, num_classes, lam=50.0):
     """The reference code's head (bertinetto/r2d2 ``RRNet.loss``) by NumPy in float64: a column
     of ones appended, X and Y divided by sqrt(n), lambda fixed; ``scale * (X_q W + b) +
     offset``."""
-    emb = lambda x: np.asarray(  # noqa: E731
-        model.model.embed(meta_params["params"], {}, None, x, True)[0], np.float64
-    )
+    embed = jax.jit(lambda params, x: model.model.embed(params, {}, None, x, True)[0])
+    emb = lambda x: np.asarray(embed(meta_params["params"], x), np.float64)  # noqa: E731
     xs, xq = emb(task.support[0]), emb(task.query[0])
     n = len(xs)
     y = np.eye(num_classes)[np.asarray(task.support[1])]
@@ -190,13 +191,15 @@ def test_the_reference_codes_head_equals_numpy_and_its_gradient_finite_differenc
             lambda a: a if jnp.issubdtype(a.dtype, jnp.integer) else jnp.asarray(a, jnp.float64),
             cluster_task(jax.random.key(shots), shots=shots, queries=3),
         )
-        grads, aux = learner.task_grad(meta_params, task, CTX)
+        task_grad = jax.jit(learner.task_grad)  # compiled once, for the differences too
+        grads, aux = task_grad(meta_params, task, CTX)
         logits = reference_form_logits(model, meta_params, task, WAYS * shots)
-        want = model.loss(jnp.asarray(logits), task.query[1])
+        want = jax.jit(model.loss)(jnp.asarray(logits), task.query[1])
         np.testing.assert_allclose(aux.metrics["loss"], want, rtol=1e-10)
-        loss = lambda mp: learner.task_grad(mp, task, CTX)[1].metrics["loss"]  # noqa: E731
+        loss = lambda mp: task_grad(mp, task, CTX)[1].metrics["loss"]  # noqa: E731
         direction = random_like(meta_params["params"], jax.random.key(7))
 
+        @jax.jit  # one compiled program, not op by op
         def moved(s):
             shift = lambda p, v: p + s * v  # noqa: E731
             return {
@@ -205,14 +208,16 @@ def test_the_reference_codes_head_equals_numpy_and_its_gradient_finite_differenc
             }
 
         numeric = (loss(moved(1e-6)) - loss(moved(-1e-6))) / 2e-6
-        np.testing.assert_allclose(tree_vdot(grads["params"], direction), numeric, rtol=1e-6)
+        analytic = jax.jit(tree_vdot)(grads["params"], direction)
+        np.testing.assert_allclose(analytic, numeric, rtol=1e-6)
     # adapt writes the solved bias into the model's head
     learner = r2d2(model.objective, scale_init=3.0, bias_init=-0.5, **REFERENCE)
     meta_params = learner.init(None, init_params(model))
     task = cluster_task(jax.random.key(5), shots=3, queries=4)
     adapted = jax.jit(learner.adapt, static_argnums=3)(meta_params, task.support, CTX, 0)
     logits = reference_form_logits(model, meta_params, task, WAYS)
-    np.testing.assert_allclose(model.apply(adapted, task.query[0]), logits, rtol=1e-3, atol=1e-4)
+    predicted = jax.jit(model.apply)(adapted, task.query[0])
+    np.testing.assert_allclose(predicted, logits, rtol=1e-3, atol=1e-4)
 
 
 def test_adapted_head_predicts_like_the_ridge_head():
@@ -222,7 +227,8 @@ def test_adapted_head_predicts_like_the_ridge_head():
     task = cluster_task(jax.random.key(5), shots=3, queries=4)
     adapted = jax.jit(learner.adapt, static_argnums=3)(meta_params, task.support, CTX, 0)
     logits = reference_logits(model, meta_params, task, WAYS)
-    np.testing.assert_allclose(model.apply(adapted, task.query[0]), logits, rtol=1e-3, atol=1e-4)
+    predicted = jax.jit(model.apply)(adapted, task.query[0])
+    np.testing.assert_allclose(predicted, logits, rtol=1e-3, atol=1e-4)
     body = {k: v for k, v in adapted.items() if k != "head"}
     jax.tree_util.tree_map(
         np.testing.assert_array_equal,
@@ -241,7 +247,7 @@ def test_regression_family_is_refused_in_one_line():
         r"\(integer class labels.*regression tasks such as sinusoid have no classes"
         r"[^\n]*targets of\)",
     ):
-        learner.task_grad(meta_params, sine_task(1), CTX)
+        jax.jit(learner.task_grad)(meta_params, sine_task(1), CTX)  # refused while tracing
 
 
 def test_model_without_an_embedding_is_refused():

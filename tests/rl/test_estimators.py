@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,19 +21,27 @@ CFG = InnerConfig(
 
 
 def _estimates(estimator: str, mu: float) -> np.ndarray:
-    params = {"mu": jnp.asarray(mu)}
+    keys = jax.random.split(jax.random.key(0), DRAWS)
+    return np.asarray(_gradient_draws(estimator, jnp.asarray(mu), keys))
+
+
+@functools.partial(jax.jit, static_argnums=0)  # compiled once per estimator, whatever mu
+def _gradient_draws(estimator: str, mu: jax.Array, keys: jax.Array) -> jax.Array:
+    params = {"mu": mu}
 
     def one(key):
         batch = collect_task_batch(BANDIT, bandit_policy, params, key, GOAL, CFG, POST_SAMPLES)
         surrogate = lambda p: meta_surrogate(bandit_policy, p, batch, CFG, estimator)  # noqa: E731
         return jax.grad(surrogate)(params)["mu"]
 
-    keys = jax.random.split(jax.random.key(0), DRAWS)
-    return np.asarray(jax.jit(jax.vmap(one))(keys))
+    return jax.vmap(one)(keys)
+
+
+_exact_gradient = jax.jit(jax.grad(exact_post_adaptation_return), static_argnums=(1, 2, 3))
 
 
 def _exact(mu: float) -> float:
-    return float(jax.grad(exact_post_adaptation_return)(mu, GOAL, LR, INNER_SAMPLES))
+    return float(_exact_gradient(mu, GOAL, LR, INNER_SAMPLES))
 
 
 def test_closed_form_matches_monte_carlo_post_adaptation_return():
@@ -64,7 +74,13 @@ def test_task_loss_gradient_is_minus_the_dice_surrogate_gradient():
     params = {"mu": jnp.asarray(0.2)}
     key = jax.random.key(3)
     loss = task_loss(BANDIT, bandit_policy, CFG, POST_SAMPLES)
-    grad_loss = jax.grad(lambda p: loss(p, None, key, GOAL)[0])(params)["mu"]
-    batch = collect_task_batch(BANDIT, bandit_policy, params, key, GOAL, CFG, POST_SAMPLES)
-    grad_surrogate = jax.grad(lambda p: meta_surrogate(bandit_policy, p, batch, CFG))(params)
+
+    @jax.jit  # one compiled program, not op by op
+    def both_gradients(params, key):
+        grad_loss = jax.grad(lambda p: loss(p, None, key, GOAL)[0])(params)["mu"]
+        batch = collect_task_batch(BANDIT, bandit_policy, params, key, GOAL, CFG, POST_SAMPLES)
+        grad_surrogate = jax.grad(lambda p: meta_surrogate(bandit_policy, p, batch, CFG))(params)
+        return grad_loss, grad_surrogate
+
+    grad_loss, grad_surrogate = both_gradients(params, key)
     np.testing.assert_allclose(grad_loss, -grad_surrogate["mu"], rtol=1e-5)

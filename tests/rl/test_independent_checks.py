@@ -44,14 +44,13 @@ def test_gaussian_log_prob_is_scipys_with_any_standard_deviation():
 
 def test_gaussian_kl_is_the_closed_form_in_its_order():
     # KL(N(0, 1) || N(0, 2^2)) = ln 2 + 1/8 - 1/2; the reverse is ln(1/2) + 4/2 - 1/2.
-    forward = gaussian_kl(jnp.zeros(1), jnp.zeros(1), jnp.zeros(1), jnp.full(1, math.log(2)))
-    backward = gaussian_kl(jnp.zeros(1), jnp.full(1, math.log(2)), jnp.zeros(1), jnp.zeros(1))
+    kl = jax.jit(gaussian_kl)  # one compiled program for the three pairs
+    forward = kl(jnp.zeros(1), jnp.zeros(1), jnp.zeros(1), jnp.full(1, math.log(2)))
+    backward = kl(jnp.zeros(1), jnp.full(1, math.log(2)), jnp.zeros(1), jnp.zeros(1))
     assert float(forward) == pytest.approx(math.log(2) + 1 / 8 - 1 / 2, rel=1e-12)
     assert float(backward) == pytest.approx(-math.log(2) + 2 - 1 / 2, rel=1e-12)
     # With means apart: ln(2 / 0.5) + (0.5^2 + 2^2) / (2 * 2^2) - 1/2
-    value = gaussian_kl(
-        jnp.ones(1), jnp.full(1, math.log(0.5)), -jnp.ones(1), jnp.full(1, math.log(2))
-    )
+    value = kl(jnp.ones(1), jnp.full(1, math.log(0.5)), -jnp.ones(1), jnp.full(1, math.log(2)))
     assert float(value) == pytest.approx(math.log(4) + 4.25 / 8 - 0.5, rel=1e-12)
 
 
@@ -81,7 +80,7 @@ def test_dice_weight_equals_numpy_with_discounting_and_early_ends():
             )
     own_return = to_go[:, 0].mean()  # the return of each rollout from its first step
     expected = (post_return - own_return + discount ** np.arange(horizon) * to_go / num) * mask
-    got = _dice_weight(traj, jnp.asarray(post_return), cfg)
+    got = jax.jit(_dice_weight, static_argnums=2)(traj, jnp.asarray(post_return), cfg)
     np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-14)
 
 
@@ -99,7 +98,7 @@ def test_lvc_adds_the_score_outer_products_to_the_inner_hessian():
     lvc = np.sum(A * m * ((a - mu) ** 2 - 1.0)) / m.sum()
     for flag, expected in ((False, plain), (True, lvc)):
         surrogate = lambda p, flag=flag: inner_surrogate(apply, p, traj, adv, lvc=flag)  # noqa: E731
-        hessian = jax.hessian(surrogate)(mu)
+        hessian = jax.jit(jax.hessian(surrogate))(mu)
         assert float(hessian) == pytest.approx(expected, rel=1e-10), flag
 
 
@@ -109,7 +108,7 @@ def test_trpo_backtracks_until_the_kl_bound_holds():
     kl = lambda x: 0.5 * jnp.sum(x**2) + 100.0 * jnp.sum(x**2) ** 2  # noqa: E731
     surrogate = lambda x: jnp.dot(jnp.array([1.0, 2.0]), x)  # noqa: E731
     cfg = TRPOConfig(max_kl=0.01)
-    new, info = trpo_step(surrogate, kl, jnp.zeros(2), cfg)
+    new, info = jax.jit(lambda p: trpo_step(surrogate, kl, p, cfg))(jnp.zeros(2))
     assert bool(info.accepted) and int(info.backtracks) > 0
     assert float(kl(new)) <= cfg.max_kl and float(info.kl) == pytest.approx(float(kl(new)))
     assert float(info.surrogate_after) == pytest.approx(float(surrogate(new)))
@@ -122,7 +121,7 @@ def test_trpo_keeps_the_parameters_when_no_step_improves():
     surrogate = lambda x: jnp.dot(jnp.array([1.0, 0.0]), x) - 1e6 * jnp.sum(x**2)  # noqa: E731
     kl = lambda x: 0.5 * jnp.sum(x**2)  # noqa: E731
     params = jnp.array([0.0, 0.0])
-    new, info = trpo_step(surrogate, kl, params, TRPOConfig())
+    new, info = jax.jit(lambda p: trpo_step(surrogate, kl, p, TRPOConfig()))(params)
     assert not bool(info.accepted)
     np.testing.assert_array_equal(new, params)
     assert float(info.kl) == 0.0 and float(info.surrogate_after) == float(info.surrogate_before)
@@ -148,18 +147,23 @@ def test_each_batch_is_sampled_from_the_parameters_of_its_step():
     inner = InnerConfig(num_steps=2, lrs=(3.0, 3.0), num_rollouts=40)
     params = init_policy(jax.random.key(0), 2, 2, hidden=(8,))
     goal = sample_goals(jax.random.key(1), 1)[0]
-    batches, adapted = adaptation_batches(
-        NAV2D, policy_apply, params, jax.random.key(2), goal, inner
-    )
-    path = [params]
-    for k in range(inner.num_steps):
-        adv = advantages(batches[k], inner.discount, normalize=inner.normalize)
-        path.append(inner_step(policy_apply, path[-1], batches[k], adv, inner.lrs[k]))
+
+    @jax.jit  # one compiled program, not op by op
+    def sample_and_replay(params, key, goal):
+        batches, adapted = adaptation_batches(NAV2D, policy_apply, params, key, goal, inner)
+        path = [params]
+        for k in range(inner.num_steps):
+            adv = advantages(batches[k], inner.discount, normalize=inner.normalize)
+            path.append(inner_step(policy_apply, path[-1], batches[k], adv, inner.lrs[k]))
+        likelihood = jnp.array(
+            [[jnp.sum(log_probs(policy_apply, theta, b) * b.mask) for theta in path]
+             for b in batches]
+        )  # fmt: skip
+        return adapted, path, likelihood
+
+    adapted, path, likelihood = sample_and_replay(params, jax.random.key(2), goal)
     chex.assert_trees_all_close(adapted, path[-1])
-    likelihood = np.array(
-        [[float(jnp.sum(log_probs(policy_apply, theta, b) * b.mask)) for theta in path]
-         for b in batches]
-    )  # fmt: skip
+    likelihood = np.asarray(likelihood)
     assert likelihood.argmax(axis=1).tolist() == [0, 1, 2], likelihood
 
 
@@ -170,10 +174,12 @@ def test_trpo_damps_a_given_kl_hessian_product_as_its_own():
     metric = jnp.array([[2.0, 0.3, 0.0], [0.3, 1.0, 0.1], [0.0, 0.1, 0.5]])
     kl = lambda x: 0.5 * jnp.dot(x, metric @ x)  # noqa: E731
     params, cfg = jnp.zeros(3), TRPOConfig(damping=1.0)
-    default, _ = trpo_step(surrogate, kl, params, cfg)
-    given, _ = trpo_step(
-        surrogate, kl, params, cfg, kl_hvp=lambda v: jax.jvp(jax.grad(kl), (params,), (v,))[1]
-    )
+    default, _ = jax.jit(lambda p: trpo_step(surrogate, kl, p, cfg))(params)
+    given, _ = jax.jit(
+        lambda p: trpo_step(
+            surrogate, kl, p, cfg, kl_hvp=lambda v: jax.jvp(jax.grad(kl), (p,), (v,))[1]
+        )
+    )(params)
     np.testing.assert_allclose(given, default, rtol=1e-10)
 
 
@@ -181,7 +187,8 @@ def test_the_post_update_return_is_the_discounted_return_from_the_first_step():
     cfg = InnerConfig(num_rollouts=4, discount=0.9)
     params = init_policy(jax.random.key(0), 2, 2, hidden=(8,))
     goal = sample_goals(jax.random.key(1), 1)[0]
-    batch = collect_task_batch(NAV2D, policy_apply, params, jax.random.key(2), goal, cfg, 5)
+    collect = jax.jit(collect_task_batch, static_argnums=(0, 1, 5, 6))
+    batch = collect(NAV2D, policy_apply, params, jax.random.key(2), goal, cfg, 5)
     rewards, mask = np.asarray(batch.post.rewards), np.asarray(batch.post.mask)
     discounts = cfg.discount ** np.arange(rewards.shape[1])
     expected = np.mean(np.sum(discounts * rewards * mask, axis=1))
