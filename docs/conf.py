@@ -150,7 +150,7 @@ API_PAGES = {
         ["metalearn.rl", "metalearn.rl.envs"],
         "rl",
         "algorithm maml_rl inner estimators trpo ppo baseline policy policy_model rollout family "
-        "probe envs.base envs.nav2d",
+        "lapack probe envs.base envs.nav2d",
     ),
     "runner": (
         "The runner",

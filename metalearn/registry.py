@@ -45,7 +45,11 @@ class Registry:
         ``info`` holds what the entry declares about itself beyond its config (a model's
         head, embedding and normalisation layers: :class:`metalearn.models.base.ModelParts`;
         an algorithm whose outer step does not use the ``optimizer`` section:
-        ``outer_step_settings(config) -> str | None``, the settings it uses instead).
+        ``outer_step_settings(config) -> str | None``, the settings it uses instead; a task
+        family whose tasks are large: ``large_tasks=True``, and what its runs need of the
+        machine: ``prepare_process(cfg)``, called before JAX's first computation, and
+        ``run_refusal`` and ``run_warning``, each ``(cfg, task_batching, platform,
+        device_count) -> str | None``, a line refusing the run or logged as it starts).
 
         A name is registered once: another factory under a known name (a researcher's module
         registering ``"maml"``, say, or registering one name twice) is refused, so it never

@@ -27,9 +27,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from metalearn.rl.envs.locomotion import BACKENDS, env_dt, make_locomotion_env
+from metalearn.rl.lapack import schedule_lapack_calls_serially
 from metalearn.rl.policy import init_policy, policy_apply
 from metalearn.rl.rollout import rollouts
-from metalearn.runner.cpu_backend import schedule_lapack_calls_serially, start_cpu_devices
+from metalearn.runner.cpu_backend import start_cpu_devices
 from metalearn.runner.devices import TASK_AXIS, shard_task_axis
 
 

@@ -28,6 +28,7 @@ from metalearn.core.checks import check_count
 from metalearn.data.task import Aux, Task, TaskFamily
 from metalearn.models.base import Model
 from metalearn.registry import TASKS
+from metalearn.rl import lapack
 from metalearn.rl.baseline import advantages
 from metalearn.rl.envs.base import ENVS, Env, make_env
 from metalearn.rl.inner import InnerConfig, inner_surrogate
@@ -122,7 +123,14 @@ def rl_objective(env: Env, config: RLTasksConfig) -> Callable[[Model], RLObjecti
     return objective
 
 
-@TASKS.register("rl_env", RLTasksConfig, large_tasks=True)
+@TASKS.register(
+    "rl_env",
+    RLTasksConfig,
+    large_tasks=True,
+    prepare_process=lapack.prepare_process,
+    run_refusal=lapack.lapack_batch_error,
+    run_warning=lapack.lapack_device_warning,
+)
 def rl_env(config: RLTasksConfig | None = None) -> TaskFamily:
     """The task family of the registered environment ``config.env``.
 

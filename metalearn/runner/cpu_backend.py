@@ -11,7 +11,7 @@ import jax
 
 from metalearn.config import Config
 from metalearn.models.base import ModelParts
-from metalearn.registry import MODELS
+from metalearn.registry import MODELS, TASKS
 from metalearn.runner.compilation_cache import enable_compilation_cache
 from metalearn.runner.devices import initialize_distributed
 
@@ -24,8 +24,9 @@ def prepare_machine(cfg: Config, *, training: bool = True, runs: int = 1) -> Non
         start_cpu_devices(auto_cpu_devices(True, runs, usable_cores()))
     elif training:
         start_cpu_devices(cpu_devices_for(cfg))
-    if needs_serial_lapack(cfg):
-        schedule_lapack_calls_serially()
+    prepare_family = TASKS.entry(cfg.data.name).info.get("prepare_process")
+    if prepare_family is not None:
+        prepare_family(cfg)
     enable_compilation_cache(cfg.trainer.compilation_cache)
     if training:
         initialize_distributed(cfg.distributed)
@@ -48,47 +49,8 @@ def cpu_devices_for(cfg: Config, cores: int | None = None) -> int:
     return auto_cpu_devices(parts.convolutional, t.meta_batch_size, count)
 
 
-def needs_serial_lapack(cfg: Config) -> bool:
-    """Whether a run's programs make batched LAPACK calls on CPU (the locomotion families).
-
-    >>> from metalearn.rl.family import RLTasksConfig
-    >>> [needs_serial_lapack(Config(data=RLTasksConfig(env=e))) for e in ("nav2d", "ant_dir")]
-    [False, True]
-    """
-    from metalearn.rl.envs import BATCHED_LINALG_ENVS
-
-    return getattr(cfg.data, "env", None) in BATCHED_LINALG_ENVS
-
-
-def linalg_size_on_cpu_devices(cfg: Config, platform: str, device_count: int) -> int | None:
-    """The size of a locomotion family's batched solves on several XLA:CPU devices, else None."""
-    from metalearn.rl.envs import BATCHED_LINALG_ENVS
-
-    if platform != "cpu" or device_count < 2:
-        return None
-    return BATCHED_LINALG_ENVS.get(getattr(cfg.data, "env", None))
-
-
 # One device per core: none spreads its matrix products onto the other devices' cores.
 ONE_THREAD_PER_CPU_DEVICE = "--xla_cpu_multi_thread_eigen=false"
-
-# jaxlib 0.10's batched LAPACK calls wait on XLA's intra-op pool: as many at once as it has
-# threads hang. This scheduler does not start them together (10% slower: asked for when needed).
-SERIAL_LAPACK_SCHEDULING = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
-
-# jaxlib 0.10 (GetLapackBatchChunkSize) splits a call across that pool when its estimated work
-# (batch size times FLOPs per matrix) reaches this; below it the call runs inline.
-LAPACK_PARALLEL_WORK = 200_000
-
-
-def inline_solve_batch(size: int) -> int:
-    """The most ``size`` x ``size`` systems one batched solve against the identity may hold
-    for jaxlib 0.10 to run it inline (its triangular solves count ``size**3`` per matrix).
-
-    >>> inline_solve_batch(14), inline_solve_batch(9)  # the Ant's and the HalfCheetah's
-    (72, 274)
-    """
-    return max(1, (LAPACK_PARALLEL_WORK - 1) // size**3)
 
 
 def usable_cores() -> int:
@@ -108,25 +70,6 @@ def auto_cpu_devices(convolutional: bool, meta_batch_size: int, cores: int) -> i
     if not convolutional:
         return 1
     return max(n for n in range(1, max(cores, 1) + 1) if meta_batch_size % n == 0)
-
-
-def schedule_lapack_calls_serially() -> bool:
-    """Ask XLA:CPU for the scheduling under which batched LAPACK calls do not deadlock; False
-    if ``XLA_FLAGS`` already chooses the scheduler.
-
-    >>> import os
-    >>> saved = os.environ.pop("XLA_FLAGS", None)
-    >>> schedule_lapack_calls_serially(), schedule_lapack_calls_serially()
-    (True, False)
-    >>> os.environ["XLA_FLAGS"]
-    '--xla_cpu_enable_concurrency_optimized_scheduler=false'
-    >>> _ = os.environ.pop("XLA_FLAGS") if saved is None else os.environ.update(XLA_FLAGS=saved)
-    """
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_cpu_enable_concurrency_optimized_scheduler" in flags:
-        return False
-    os.environ["XLA_FLAGS"] = f"{flags} {SERIAL_LAPACK_SCHEDULING}".strip()
-    return True
 
 
 def start_cpu_devices(count: int) -> bool:

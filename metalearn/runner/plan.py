@@ -13,7 +13,6 @@ from metalearn.config import Config, OptimizerConfig
 from metalearn.core.batching import resolve_auto
 from metalearn.models.base import ModelParts
 from metalearn.registry import MODELS, TASKS
-from metalearn.runner.cpu_backend import linalg_size_on_cpu_devices
 from metalearn.runner.devices import task_mesh
 
 
@@ -36,17 +35,21 @@ def resolve(config: Config, *, runs: int = 1) -> RunPlan:
     sharing a program (several are split across the devices by run: no task mesh)."""
     t = config.trainer
     parts = MODELS.entry(config.model.name).info.get("parts", ModelParts())
-    large_tasks = TASKS.entry(config.data.name).info.get("large_tasks", False)
+    family = TASKS.entry(config.data.name).info
     platform, device_count = jax.devices()[0].platform, jax.device_count()
+    task_batching = resolve_task_batching(
+        t.task_batching,
+        convolutional=parts.convolutional,
+        large_tasks=family.get("large_tasks", False),
+    )
+    family_warning = family.get("run_warning", lambda *_: None)
     warnings = (
-        lapack_device_warning(config, platform, device_count),
+        family_warning(config, task_batching, platform, device_count),
         unread_final_lr_warning(config.optimizer),
     )
     return RunPlan(
         config=config,
-        task_batching=resolve_task_batching(
-            t.task_batching, convolutional=parts.convolutional, large_tasks=large_tasks
-        ),
+        task_batching=task_batching,
         steps_per_call=resolve_steps_per_call(t.steps_per_call, convolutional=parts.convolutional),
         mesh=task_mesh(t.shard_tasks, t.meta_batch_size) if runs == 1 else None,
         platform=platform,
@@ -90,27 +93,6 @@ def resolve_steps_per_call(steps_per_call: int, *, convolutional: bool) -> int:
     if jax.default_backend() == "cpu" and convolutional:
         return 10
     return 100
-
-
-def lapack_device_warning(cfg: Config, platform: str, device_count: int) -> str | None:
-    """The line a run logs when it shards a locomotion family's physics over several XLA:CPU
-    devices, whose batched Cholesky solves can deadlock (experiments/rl/locomotion/README.md).
-
-    >>> from metalearn.rl.family import RLTasksConfig
-    >>> def warning(env, devices):
-    ...     return lapack_device_warning(Config(data=RLTasksConfig(env=env)), "cpu", devices)
-    >>> warning("cheetah_dir", 2).startswith("2 XLA:CPU devices on cheetah_dir: ")
-    True
-    >>> warning("cheetah_dir", 1), warning("nav2d", 2)
-    (None, None)
-    """
-    if linalg_size_on_cpu_devices(cfg, platform, device_count) is None:
-        return None
-    return (
-        f"{device_count} XLA:CPU devices on {cfg.data.env}: jaxlib 0.10's batched LAPACK calls "
-        "(the physics' Cholesky) can deadlock across devices on large batches; if the run "
-        "stops making progress, stop it and resume with one device (unset JAX_NUM_CPU_DEVICES)"
-    )
 
 
 def unread_final_lr_warning(cfg: OptimizerConfig) -> str | None:

@@ -15,8 +15,7 @@ from metalearn.data.family_checks import check_family
 from metalearn.data.objective_checks import check_objective
 from metalearn.data.task import Objective, TaskFamily
 from metalearn.models.base import Model, module_problem
-from metalearn.registry import ALGORITHMS, selected_parts
-from metalearn.runner.cpu_backend import inline_solve_batch, linalg_size_on_cpu_devices
+from metalearn.registry import ALGORITHMS, TASKS, selected_parts
 from metalearn.runner.plan import RunPlan
 
 __all__ = [
@@ -25,7 +24,6 @@ __all__ = [
     "check_module",
     "check_parameters",
     "check_settings",
-    "lapack_batch_error",
     "outer_step_settings",
 ]
 
@@ -54,7 +52,8 @@ def check_settings(plan: RunPlan) -> None:
             f"algorithm.max_ways={ways}, or 0 for the support-set size"
         )
     check_train_labels(cfg)
-    error = lapack_batch_error(cfg, plan.task_batching, plan.platform, plan.device_count)
+    refusal = TASKS.entry(cfg.data.name).info.get("run_refusal", lambda *_: None)
+    error = refusal(cfg, plan.task_batching, plan.platform, plan.device_count)
     if error:
         raise ValueError(error)
 
@@ -154,43 +153,3 @@ def check_family_and_objective(cfg: Config, tasks: TaskFamily, objective: Object
     family = cfg.data.name + (f", data.env={env}" if env else "")
     check_family(tasks, family, cfg.trainer.shots, cfg.eval.shots)
     check_objective(objective, tasks, family, cfg.model.name, cfg.trainer.shots)
-
-
-def lapack_batch_error(cfg: Config, strategy: str, platform: str, device_count: int) -> str | None:
-    """The line a run is refused with when, on several XLA:CPU devices, one device would step
-    so many locomotion rollouts at once that jaxlib 0.10's threaded batched solve deadlocks
-    (:func:`~metalearn.runner.cpu_backend.inline_solve_batch`); None when the run is safe.
-
-    >>> from metalearn.config import TrainerConfig
-    >>> from metalearn.rl.algorithm import MAMLRLAlgorithmConfig
-    >>> from metalearn.rl.family import RLTasksConfig
-    >>> def error(env, rollouts, devices):
-    ...     cfg = Config(data=RLTasksConfig(env=env, rollouts=rollouts),
-    ...                  algorithm=MAMLRLAlgorithmConfig(post_rollouts=rollouts),
-    ...                  trainer=TrainerConfig(meta_batch_size=10))
-    ...     return lapack_batch_error(cfg, "map", "cpu", devices)
-    >>> print(error("ant_dir", 20, 2))  # doctest: +ELLIPSIS
-    ant_dir on 2 XLA:CPU devices: each would step 100 rollouts at once (5 tasks x 20), ...
-    >>> error("ant_dir", 14, 2), error("ant_dir", 20, 1), error("cheetah_dir", 20, 2)
-    (None, None, None)
-    """
-    size = linalg_size_on_cpu_devices(cfg, platform, device_count)
-    if size is None or not cfg.trainer.shard_tasks:
-        return None
-    limit = inline_solve_batch(size)
-    tasks = cfg.trainer.meta_batch_size // device_count
-    rollouts = max(cfg.data.rollouts, getattr(cfg.algorithm, "post_rollouts", 0))
-    what, batch = f"{tasks} tasks x {rollouts}", tasks * rollouts
-    eval_tasks = 1 if strategy != "vmap" else -(-cfg.eval.tasks_per_call // device_count)
-    eval_rollouts = getattr(cfg.algorithm, "eval_rollouts", 0)
-    if eval_tasks * eval_rollouts > batch:
-        what, batch = f"{eval_tasks} evaluation tasks x {eval_rollouts}", eval_tasks * eval_rollouts
-    if batch <= limit:
-        return None
-    return (
-        f"{cfg.data.env} on {device_count} XLA:CPU devices: each would step {batch} rollouts "
-        f"at once ({what}), solving {batch} {size} x {size} systems in one batched LAPACK call, "
-        f"which jaxlib 0.10 splits across threads and which deadlocks across devices (at most "
-        f"{limit} run inline); run on one device (unset JAX_NUM_CPU_DEVICES) or lower "
-        "trainer.meta_batch_size or the rollouts per task"
-    )

@@ -1,10 +1,15 @@
 """The run plan: what the config, the parts' declarations and the machine decide, once."""
 
+import re
+
 import jax
 import pytest
 
 from metalearn.config import to_objects
 from metalearn.core import batching as task_batching
+from metalearn.registry import TASKS
+from metalearn.runner.cpu_backend import prepare_machine
+from metalearn.runner.experiment import build
 from metalearn.runner.plan import resolve, resolve_steps_per_call, resolve_task_batching
 from tests.cli import OMNIGLOT_TINY, RL_TINY, TINY
 from tests.conftest import compose_config
@@ -54,3 +59,24 @@ def test_an_unread_final_rate_is_a_warning_of_the_plan():
     cfg = to_objects(compose_config([*TINY, "optimizer.final_lr_fraction=0.01"]))
     (warning,) = resolve(cfg).warnings
     assert warning.startswith("optimizer.final_lr_fraction=0.01 is unused")
+
+
+def test_what_a_family_declares_of_the_machine_reaches_the_process_the_plan_and_the_checks(
+    monkeypatch,
+):
+    """A task family declares what its runs need of the machine (the locomotion families:
+    serial LAPACK scheduling, a warning and a refusal on several XLA:CPU devices); the runner
+    calls each from the family's registry entry, with the plan's batching and devices."""
+    info = TASKS.entry("rl_env").info
+    prepared = []
+    monkeypatch.setitem(info, "prepare_process", lambda cfg: prepared.append(cfg.data.env))
+    monkeypatch.setitem(info, "run_warning", lambda cfg, *machine: f"warned {machine}")
+    cfg = to_objects(compose_config(RL_TINY))
+    prepare_machine(cfg, training=False)
+    assert prepared == ["nav2d"]
+    plan = resolve(cfg)
+    machine = (plan.task_batching, plan.platform, plan.device_count)
+    assert plan.warnings == (f"warned {machine}",)
+    monkeypatch.setitem(info, "run_refusal", lambda cfg, *machine: f"refused {machine}")
+    with pytest.raises(ValueError, match=re.escape(f"refused {machine}")):
+        build(plan)

@@ -5,7 +5,8 @@ XLA:CPU devices (one thread each), called 100 times; prints "completed" unless i
 
 import sys
 
-from metalearn.runner.cpu_backend import schedule_lapack_calls_serially, start_cpu_devices
+from metalearn.rl.lapack import schedule_lapack_calls_serially
+from metalearn.runner.cpu_backend import start_cpu_devices
 
 if sys.argv[1] == "serial":
     assert schedule_lapack_calls_serially()

@@ -38,9 +38,9 @@ ENVS: dict[str, Callable[[], Env]] = {}
 # Environments whose step makes batched LAPACK calls on CPU (Brax's physics factorises a batch
 # of mass matrices every step and solves them against the identity), with the size n of those
 # n x n systems: a run on them asks XLA:CPU for serial LAPACK scheduling
-# (metalearn.runner.cpu_backend.schedule_lapack_calls_serially), and one on several XLA:CPU
+# (metalearn.rl.lapack.schedule_lapack_calls_serially), and one on several XLA:CPU
 # devices is refused if a device would solve more at once than jaxlib runs inline
-# (metalearn.runner.preflight.lapack_batch_error).
+# (metalearn.rl.lapack.lapack_batch_error).
 BATCHED_LINALG_ENVS: dict[str, int] = {}
 
 

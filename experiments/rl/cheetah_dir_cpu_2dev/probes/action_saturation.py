@@ -4,7 +4,7 @@ initialisation. Output: action_saturation.txt."""
 
 import numpy as np
 
-from metalearn.runner.cpu_backend import schedule_lapack_calls_serially
+from metalearn.rl.lapack import schedule_lapack_calls_serially
 
 schedule_lapack_calls_serially()  # before JAX's first computation
 

@@ -5,7 +5,7 @@ learn the robot at the CPU-reduced size (10 tasks x 20 rollouts x 100 steps per 
 import sys
 import time
 
-from metalearn.runner.cpu_backend import schedule_lapack_calls_serially
+from metalearn.rl.lapack import schedule_lapack_calls_serially
 
 schedule_lapack_calls_serially()  # before JAX's first computation
 

@@ -7,7 +7,8 @@ forward_only_trpo_small_head.txt."""
 import sys
 import time
 
-from metalearn.runner.cpu_backend import schedule_lapack_calls_serially, start_cpu_devices
+from metalearn.rl.lapack import schedule_lapack_calls_serially
+from metalearn.runner.cpu_backend import start_cpu_devices
 
 schedule_lapack_calls_serially()  # before JAX's first computation
 start_cpu_devices(2)
