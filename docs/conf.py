@@ -156,8 +156,9 @@ API_PAGES = {
         "The runner",
         ["metalearn.runner"],
         "runner",
-        "plan experiment steps loop run evaluation rundir layout checkpoints saved_run devices "
-        "cpu_backend compilation_cache signals divergence preflight reporting sweeps",
+        "plan experiment steps loop run evaluation metalearn.statistics rundir layout checkpoints "
+        "saved_run devices cpu_backend compilation_cache signals divergence preflight reporting "
+        "sweeps",
     ),
     "config": (
         "Config and registries",

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from metalearn.runner.evaluation import diverged_mask
+from metalearn.statistics import diverged_mask
 
 AMPLITUDE, PHASE, INPUT = (0.1, 5.0), (0.0, math.pi), (-5.0, 5.0)
 HIDDEN = (40, 40)

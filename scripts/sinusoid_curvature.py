@@ -19,7 +19,7 @@ At step 0 and every ``--every`` steps it evaluates ``--tasks`` fixed validation 
 - the share of tasks where each exceeds 2/alpha, the step size's stability threshold for
   gradient descent on a quadratic (|1 - alpha lam| > 1);
 - ``diverged``: tasks whose query MSE after the inner steps has blown up, as the evaluation
-  records count them (``metalearn.runner.evaluation.summarize``), and ``diverged_tasks``: each
+  records count them (``metalearn.statistics.summarize``), and ``diverged_tasks``: each
   one's index and its ``lam0``, ``lam1`` and ``lam_traj`` in units of 2/alpha;
 - the median query MSE after the inner steps.
 
@@ -43,10 +43,11 @@ from metalearn import adapt_trajectory, top_hessian_eigenvalue
 from metalearn.algorithms.base import context, inner_loss, query_loss
 from metalearn.config import to_objects
 from metalearn.runner import build, resolve
-from metalearn.runner.evaluation import diverged_mask, evaluation_keys, summarize
+from metalearn.runner.evaluation import evaluation_keys
 from metalearn.runner.run import Runner
 from metalearn.runner.rundir import RunDirectory
 from metalearn.runner.steps import sample_tasks_from_keys, trained
+from metalearn.statistics import diverged_mask, summarize
 
 
 def make_probe(objective, inner_lr: float, inner_steps: int, lanczos_iters: int):

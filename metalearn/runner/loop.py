@@ -21,7 +21,7 @@ import numpy as np
 from metalearn.config import Config
 from metalearn.runner.checkpoints import intact_steps, newest_intact_step
 from metalearn.runner.devices import InFlight, is_primary_host
-from metalearn.runner.evaluation import format_record, json_float, selection_score
+from metalearn.runner.evaluation import format_record, selection_score
 from metalearn.runner.experiment import build, count_parameters
 from metalearn.runner.layout import resume_hint, saved_steps
 from metalearn.runner.plan import resolve
@@ -36,6 +36,7 @@ from metalearn.runner.run import NonFiniteError, Runner, average
 from metalearn.runner.rundir import RunDirectory, write_atomically
 from metalearn.runner.signals import Interrupted, StopRequest, interruption_behind
 from metalearn.runner.steps import all_equal, batch_update_strategy, trained
+from metalearn.statistics import json_float
 
 __all__ = ["Job", "NonFiniteError", "chunk_length", "train_and_evaluate", "train_runs"]
 

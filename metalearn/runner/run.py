@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from metalearn.runner.checkpoints import DAMAGED, CheckpointStore
 from metalearn.runner.devices import replicated, runs_mesh
 from metalearn.runner.divergence import divergence_advice
-from metalearn.runner.evaluation import evaluate_split, json_float
+from metalearn.runner.evaluation import evaluate_split
 from metalearn.runner.experiment import Experiment
 from metalearn.runner.rundir import RunDirectory
 from metalearn.runner.steps import (
@@ -31,6 +31,7 @@ from metalearn.runner.steps import (
     stack,
     trained,
 )
+from metalearn.statistics import json_float
 
 log = logging.getLogger("metalearn")
 

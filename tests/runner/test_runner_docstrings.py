@@ -1,4 +1,4 @@
-"""The docstring examples of the config and runner modules run and pass."""
+"""The docstring examples of the config, runner and statistics modules run and pass."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ MODULES = [
     "metalearn.runner.devices",
     "metalearn.runner.divergence",
     "metalearn.runner.evaluation",
+    "metalearn.statistics",
 ]
 
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from metalearn.rl.envs.locomotion import FAMILIES
 from metalearn.rl.probe import adaptation_rollouts, load_trained_policy, probe_tasks
-from metalearn.runner.evaluation import mean_and_ci95
+from metalearn.statistics import mean_and_ci95
 
 run_dir = sys.argv[1]
 num_tasks = int(sys.argv[3]) if len(sys.argv) > 3 else 40
