@@ -90,8 +90,9 @@ def test_reward_is_the_task_reward_of_the_root_displacement(family):
 
 def test_clipping_happens_before_the_physics(family):
     _, env, run = family
-    big = jnp.full((STEPS, env.action_dim), 3.0)
-    one = jnp.ones((STEPS, env.action_dim))
+    # Both strongly typed float32, like the other tests' actions: one compiled program.
+    big = jnp.full((STEPS, env.action_dim), 3.0, jnp.float32)
+    one = jnp.ones((STEPS, env.action_dim), jnp.float32)
     key = jax.random.key(2)
     pairs = zip(run(key, jnp.array(1.0), big), run(key, jnp.array(1.0), one), strict=True)
     for a, b in pairs:

@@ -162,9 +162,9 @@ def brax_env(robot: str, backend: str) -> Any:
 def make_locomotion_env(name: str, backend: str = DEFAULT_BACKEND, horizon: int = HORIZON) -> Env:
     """The ``name`` task family (a key of ``FAMILIES``) as metalearn's pure-function ``Env``.
 
-    >>> env = make_locomotion_env("cheetah_vel", horizon=5)
-    >>> state = env.reset(jax.random.key(0), jnp.array(1.0))
-    >>> state, obs, reward, done = env.step(state, jnp.zeros(env.action_dim))
+    >>> env = make_locomotion_env("cheetah_dir", horizon=6)
+    >>> state = jax.jit(env.reset)(jax.random.key(0), jnp.array(1.0))
+    >>> state, obs, reward, done = jax.jit(env.step)(state, jnp.zeros(env.action_dim))
     >>> env.obs_dim, env.action_dim, obs.shape, reward.shape, bool(done)
     (17, 6, (17,), (), False)
     """
