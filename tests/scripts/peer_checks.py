@@ -124,12 +124,17 @@ def metalearn_meta_gradient(spec: dict[str, Any], problem: Problem) -> list[np.n
             data = {k: v.transpose(0, 1, 3, 4, 2) if k[0] == "x" else v for k, v in data.items()}
             data.update(ys=data["ys"].astype(jnp.int32), yq=data["yq"].astype(jnp.int32))
 
-        def one(xs, ys, xq, yq):
+        def one(params, xs, ys, xq, yq):
             task = Task(support=(xs, ys), query=(xq, yq))
             return learner.task_grad(params, task, context(state))[0]
 
-        grads = jax.vmap(one)(data["xs"], data["ys"], data["xq"], data["yq"])
-        mean = jax.tree_util.tree_map(lambda g: g.mean(0), grads)
+        @jax.jit  # one program, not the meta-gradient op by op
+        def mean_gradient(params, data):
+            each = jax.vmap(one, in_axes=(None, 0, 0, 0, 0))
+            grads = each(params, data["xs"], data["ys"], data["xq"], data["yq"])
+            return jax.tree_util.tree_map(lambda g: g.mean(0), grads)
+
+        mean = mean_gradient(params, data)
         assert all(g.dtype == jnp.float64 for g in jax.tree_util.tree_leaves(mean))
         return from_flax(spec, mean)
 
