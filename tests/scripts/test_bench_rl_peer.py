@@ -157,11 +157,13 @@ def test_advantages_and_adapted_params_match(peer, shared):
 
 
 def check_adaptation(peer, shared, rel: float) -> None:
+    # Compiled as programs, not op by op: the subject is the values, not eager execution.
+    adapt = jax.jit(lambda p, b: adapted_params(policy_apply, p, b, shared["inner"], "lvc"))
     for b, data in zip(shared["batches"], shared["tasks"], strict=True):
         assert_close(data.pre_adv.numpy(), np.asarray(b.pre_adv[0]), rel)
         assert_close(data.post_adv.numpy(), np.asarray(b.post_adv), rel)
         assert_close(data.post_logp.numpy(), np.asarray(b.post_logp), rel)
-        path = adapted_params(policy_apply, shared["params"], b, shared["inner"], "lvc")
+        path = adapt(shared["params"], b)
         _, adapted = peer.inner_update(shared["tparams"], data.pre, shared["cfg"])
         assert_close(flat_torch(adapted), flat_jax(path[-1]), rel)
         assert np.max(np.abs(flat_jax(path[-1]) - flat_jax(shared["params"]))) > 1e-3  # it moved
@@ -194,10 +196,11 @@ def check_meta_gradient(peer, shared, rel: float) -> None:
     # fit: compare on the scale of the summed terms (mean over rollouts of sum_t |A_t|), not
     # relative to the tiny mean
     scale = np.mean([np.sum(np.abs(b.post_adv * b.post.mask), -1) for b in shared["batches"]])
-    assert abs(float(value.detach()) - float(surrogate(params))) <= rel * scale
-    assert_close(grads.numpy(), flat_jax(jax.grad(surrogate)(params)), rel)
+    value_and_grad = jax.jit(jax.value_and_grad(surrogate))(params)
+    assert abs(float(value.detach()) - float(value_and_grad[0])) <= rel * scale
+    assert_close(grads.numpy(), flat_jax(value_and_grad[1]), rel)
     v = jax.tree.map(lambda x: jnp.cos(jnp.arange(x.size, dtype=x.dtype).reshape(x.shape)), params)
-    expected = fisher_vector_product(kl, params, v, damping=1e-5)
+    expected = jax.jit(lambda p, v: fisher_vector_product(kl, p, v, damping=1e-5))(params, v)
     assert_close(fvp(torch.tensor(flat_jax(v))).numpy(), flat_jax(expected), rel)
 
 
