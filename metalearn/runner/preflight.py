@@ -29,7 +29,8 @@ __all__ = [
 
 
 def check_settings(plan: RunPlan) -> None:
-    """Refuses ``optimizer.*`` settings nothing reads, and what would hang the run."""
+    """Refuses ``optimizer.*`` settings nothing reads, and what the task family refuses (its
+    ``run_refusal``: a locomotion batch that would hang jaxlib's LAPACK, say)."""
     cfg, default = plan.config, OptimizerConfig()
     settings = outer_step_settings(cfg.algorithm)
     changed = [
