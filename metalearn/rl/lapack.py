@@ -9,9 +9,12 @@ the family's registry entry, so the runner itself knows nothing of LAPACK.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-from metalearn.config.schema import Config
 from metalearn.rl.envs import BATCHED_LINALG_ENVS
+
+if TYPE_CHECKING:  # an annotation only: metalearn.config imports metalearn.rl
+    from metalearn.config import Config
 
 # jaxlib 0.10's batched LAPACK calls wait on XLA's intra-op pool: as many at once as it has
 # threads hang. This scheduler does not start them together (10% slower: asked for when needed).
@@ -25,6 +28,7 @@ LAPACK_PARALLEL_WORK = 200_000
 def needs_serial_lapack(cfg: Config) -> bool:
     """Whether a run's programs make batched LAPACK calls on CPU (the locomotion families).
 
+    >>> from metalearn.config import Config
     >>> from metalearn.rl.family import RLTasksConfig
     >>> [needs_serial_lapack(Config(data=RLTasksConfig(env=e))) for e in ("nav2d", "ant_dir")]
     [False, True]
@@ -80,6 +84,7 @@ def lapack_device_warning(
     devices, whose batched Cholesky solves can deadlock (experiments/rl/locomotion/README.md),
     whichever the task batching ``strategy``.
 
+    >>> from metalearn.config import Config
     >>> from metalearn.rl.family import RLTasksConfig
     >>> def warning(env, devices):
     ...     cfg = Config(data=RLTasksConfig(env=env))
@@ -103,7 +108,7 @@ def lapack_batch_error(cfg: Config, strategy: str, platform: str, device_count: 
     so many locomotion rollouts at once that jaxlib 0.10's threaded batched solve deadlocks
     (:func:`inline_solve_batch`); None when the run is safe.
 
-    >>> from metalearn.config import TrainerConfig
+    >>> from metalearn.config import Config, TrainerConfig
     >>> from metalearn.rl.algorithm import MAMLRLAlgorithmConfig
     >>> from metalearn.rl.family import RLTasksConfig
     >>> def error(env, rollouts, devices):
