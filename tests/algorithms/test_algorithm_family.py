@@ -20,6 +20,7 @@ from tests.algorithms.problems import (
     meta_train,
     sine_model,
     task_pool,
+    to64,
 )
 from tests.conftest import compose_config
 
@@ -157,34 +158,37 @@ def test_a_bad_algorithm_value_is_refused_by_to_objects():
 def test_a_rate_passed_as_data_is_the_rate_the_learner_is_built_with(name):
     # The runner builds the learner once, outside jit, and passes its hyperparameters back as
     # arguments of the compiled step (TaskContext.hyper): a rate passed so gives exactly the
-    # learner built at that rate, through one compiled program for every rate.
+    # learner built at that rate, through one compiled program for every rate. In float64, so
+    # that "exactly" means to rounding (1e-11 here), whatever code XLA generates.
     overrides = {"inner_steps": 2} if name == "mamlpp" else {}
     learner, model = build(name, **overrides)
     assert set(learner.hyper) == {"inner_lr"}  # the config's hyperparameter() fields
-    meta_params = learner.init(jax.random.key(0), init_params(model, 1))
     batches, _ = task_pool("sine")
-    task = jax.tree_util.tree_map(lambda x: x[0, 0], batches)
     traces = []
+    with jax.enable_x64(True):
+        meta_params = to64(learner.init(jax.random.key(0), init_params(model, 1)))
+        task = to64(jax.tree_util.tree_map(lambda x: x[0, 0], batches))
 
-    def grad_and_metrics(rate):
-        traces.append(rate)
-        ctx = CTX._replace(hyper={"inner_lr": rate})
-        return learner.task_grad(meta_params, task, ctx)[0], learner.evaluate(
-            meta_params, task, ctx, (0, 1)
-        )
+        def grad_and_metrics(rate):
+            traces.append(rate)
+            ctx = CTX._replace(hyper={"inner_lr": rate})
+            return learner.task_grad(meta_params, task, ctx)[0], learner.evaluate(
+                meta_params, task, ctx, (0, 1)
+            )
 
-    compiled = jax.jit(grad_and_metrics)
-    for rate in (0.003, 0.02):
-        passed = compiled(np.float32(rate))
-        rebuilt, _ = build(name, **overrides, inner_lr=rate)
-        own = (
-            rebuilt.task_grad(meta_params, task, CTX)[0],
-            rebuilt.evaluate(meta_params, task, CTX, (0, 1)),
-        )
-        for x, y in zip(
-            jax.tree_util.tree_leaves(passed), jax.tree_util.tree_leaves(own), strict=True
-        ):
-            np.testing.assert_allclose(x, y, rtol=2e-6, atol=1e-7)
+        compiled = jax.jit(grad_and_metrics)
+        for rate in (0.003, 0.02):
+            passed = compiled(np.float64(rate))
+            rebuilt, _ = build(name, **overrides, inner_lr=rate)
+            own = (
+                rebuilt.task_grad(meta_params, task, CTX)[0],
+                rebuilt.evaluate(meta_params, task, CTX, (0, 1)),
+            )
+            for x, y in zip(
+                jax.tree_util.tree_leaves(passed), jax.tree_util.tree_leaves(own), strict=True
+            ):
+                assert x.dtype == y.dtype == np.float64
+                np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-12)
     assert len(traces) == 1  # one trace, one compilation, for both rates
 
 
