@@ -17,8 +17,8 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # The tests check results, not speed. XLA's cheapest optimisation level halves compile times
 # (second-order convolution meta-steps compile for tens of seconds on 2 CPU cores otherwise), and
-# its older CPU fusion emitters take about 40% off what is left (Brax physics, ResNet-12
-# meta-gradients, op-by-op code alike; experiments/benchmarks/README.md).
+# its older CPU fusion emitters take 30-40% off what is left (experiments/benchmarks/README.md).
+# XLA refuses a flag it does not know: if a later jaxlib drops this one, drop it here.
 os.environ.setdefault(
     "XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 )

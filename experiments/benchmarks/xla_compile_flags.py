@@ -1,17 +1,18 @@
-"""Compile time of three kinds of program the test suite compiles, under the XLA flags given in
-``XLA_FLAGS``, with JAX's persistent cache off (one process per measurement):
+"""Compile and run times of programs of the kinds the test suite compiles, under the XLA flags
+given in ``XLA_FLAGS``, with JAX's persistent cache off (one process per measurement); the same
+program under two flag sets:
 
     XLA_FLAGS="--xla_backend_optimization_level=0" \\
-        python experiments/benchmarks/xla_compile_flags.py brax
+        python experiments/benchmarks/xla_compile_flags.py resnet
     XLA_FLAGS="--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false" \\
         python experiments/benchmarks/xla_compile_flags.py resnet
 
-``brax``: one physics step of HalfCheetah (``cheetah_dir``); ``resnet``: the second-order MAML
-meta-gradient of a tiny ResNet-12 (filters 2, 3, 4, 5; 16x16 images); ``eager``: small
-operations on 59 shapes run op by op, each its own program; ``run``: ten executions of a ResNet-12
-meta-gradient (filters 16, 16, 32, 32; 32x32 images, 25 support and 75 query), for the cost of the
-flags when the program runs. Results: experiments/benchmarks/README.md, "XLA's older CPU fusion
-emitters in the suite".
+``brax``: compiling one physics step of HalfCheetah (``cheetah_dir``); ``resnet``: compiling the
+second-order MAML meta-gradient of a tiny ResNet-12 (filters 2, 3, 4, 5; 16x16 images);
+``eager``: small operations on 59 shapes run op by op, each compiled as its own program;
+``run``: ten executions of a compiled ResNet-12 meta-gradient (filters 16, 16, 32, 32; 32x32
+images, 25 support and 75 query), for what the flags cost when a program runs. Results:
+experiments/benchmarks/README.md, "XLA's older CPU fusion emitters in the suite".
 """
 
 from __future__ import annotations

@@ -183,8 +183,8 @@ def test_gauss_newton_kl_hvp_equals_metalearn_hvp_of_the_mean_kl(inner):
         start = ravel_pytree(params)[0]
         step, fast_step = ravel_pytree(plain)[0] - start, ravel_pytree(fast)[0] - start
     assert int(info.backtracks) == int(fast_info.backtracks) and bool(fast_info.accepted)
-    # CG (damping 1e-5, a fixed number of iterations) amplifies the products' rounding
-    # differences (to 2e-6 of the step here): compare the steps on the scale of the step
+    # CG (damping 1e-5) amplifies the products' rounding differences (to 2e-6 of the step
+    # here): compare the steps on the scale of the step
     np.testing.assert_allclose(fast_step, step, atol=1e-4 * np.abs(step).max())
 
 

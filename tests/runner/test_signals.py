@@ -287,11 +287,11 @@ def test_a_signal_inside_xla_compilation_does_not_crash_the_process_after_it_is_
     # fault in mlir::StringAttr::get on the worker (gdb), after the stop line, in 17 of 60
     # signals sent 1.3-1.7 s into a long run's compilation on 2 cores (none of 60 with the
     # exception kept), and in 6 of 6 runs of this script.
-    # The program compiles for about 1.5 s with XLA's current CPU fusion emitters; the older ones
-    # the suite turns on (conftest.py) expand its 3000 chained steps, each reading its input
-    # twice, without bound and overflow the compiling thread's stack.
+    # XLA's older CPU fusion emitters, which the suite turns on (conftest.py), expand the
+    # program's 3000 chained steps, each reading its input twice, exponentially and overflow the
+    # compiling thread's stack: this process uses the current ones (XLA's last flag wins).
     env = checkout_env()
-    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace("--xla_cpu_use_fusion_emitters=false", "")
+    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_cpu_use_fusion_emitters=true"
     proc = finished([sys.executable, "-c", SIGNAL_INSIDE_XLA_CONVERSION], 300, env=env)
     assert proc.stdout.count("interrupted") == 3, proc.stdout + proc.stderr
     assert proc.stdout.rstrip().endswith("alive") and proc.returncode == 0, (
