@@ -154,19 +154,18 @@ def test_gauss_newton_kl_hvp_equals_metalearn_hvp_of_the_mean_kl(inner):
     # steps' rounding differences change with XLA's code generation.
     with jax.enable_x64(True):
         params = init_policy(jax.random.key(0), 2, 2, hidden=(16, 16))
-        params["log_std"] = jnp.array([0.3, -0.4])
-        params = jax.tree.map(lambda x: x.astype(jnp.float64), params)
+        params["log_std"] = jnp.array([0.3, -0.4])  # float64 here, as init_policy's are
         batch = _meta_batch(params, inner=inner)
         v = jax.tree.map(
             lambda x: jnp.cos(jnp.arange(x.size, dtype=x.dtype).reshape(x.shape)), params
         )
+        fvp = jax.jit(fisher_vector_product, static_argnums=0)
         for estimator in ("lvc", "dice", "maml"):
 
             def kl(p, estimator=estimator):
                 per_task = jax.vmap(lambda b: post_kl(policy_apply, p, b, inner, estimator))(batch)
                 return jnp.mean(per_task)
 
-            fvp = jax.jit(fisher_vector_product, static_argnums=0)
             expected = ravel_pytree(fvp(kl, params, v))[0]
             assert expected.dtype == jnp.float64
             # every way of batching the 3 tasks: vmap, one loop, three loops side by side

@@ -196,9 +196,9 @@ def check_meta_gradient(peer, shared, rel: float) -> None:
     # fit: compare on the scale of the summed terms (mean over rollouts of sum_t |A_t|), not
     # relative to the tiny mean
     scale = np.mean([np.sum(np.abs(b.post_adv * b.post.mask), -1) for b in shared["batches"]])
-    value_and_grad = jax.jit(jax.value_and_grad(surrogate))(params)
-    assert abs(float(value.detach()) - float(value_and_grad[0])) <= rel * scale
-    assert_close(grads.numpy(), flat_jax(value_and_grad[1]), rel)
+    own_value, own_grads = jax.jit(jax.value_and_grad(surrogate))(params)
+    assert abs(float(value.detach()) - float(own_value)) <= rel * scale
+    assert_close(grads.numpy(), flat_jax(own_grads), rel)
     v = jax.tree.map(lambda x: jnp.cos(jnp.arange(x.size, dtype=x.dtype).reshape(x.shape)), params)
     expected = jax.jit(lambda p, v: fisher_vector_product(kl, p, v, damping=1e-5))(params, v)
     assert_close(fvp(torch.tensor(flat_jax(v))).numpy(), flat_jax(expected), rel)
